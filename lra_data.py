@@ -11,6 +11,7 @@ Cache: <cache_dir>/<task>[-<difficulty>]-<hash of source path>/{meta.json, <part
 uint8 memmap) or <part>.tok (uint16 ids, all documents back to back) + <part>.off.npy (start of each document)}.
 """
 import argparse
+import math
 import contextlib
 import hashlib
 import json
@@ -24,12 +25,15 @@ import stat
 import statistics
 import sys
 import tarfile
+import time
+from bisect import bisect_right
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 PAD, MASK, EOS, UNK = 0, 1, 2, 3              # special ids shared by all token tasks (PAD = 0 = padding_idx)
@@ -145,11 +149,305 @@ def generate_listops(root, n_train=96000, n_val=2000, n_test=2000, seed=0, *,
     return folder
 
 
-# --- Pathfinder / PathX generator (snakes) ---
-# generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers=1) -> Path goes here (lead merges it).
+# ----------------------------------------------------------------------------- Pathfinder / PathX generator (snakes)
+# path:  dash j+1 starts at a head h with |h - p| = L+m around the pivot p = ceil(p_j + (L+2m)·u(θ_j)), drawn with
+#        P(h) ∝ (1 - dilate_m(occupancy)(h)) · max(cos(min(|θ_h - θ_j|·continuity, π/2)), 0)², redrawn if it touches
+# image: bytescale(max(2 target paths, distractor paths, 2 marker discs)); label 1 <=> markers on both ends of one path
+# Same algorithm, quirks and pixels as drewlinsley/pathfinder snakes2.py (its stamps drawn once, with PIL, as it
+# draws them), ~100x faster. Check: tests/test_pathfinder_gen.py (vs ../shared/data/pathfinder_ref).
+
+# res: dash length L, thickness t, margins m (one drawn per image), seed distance, marker radius, continuity, padding,
+#      distractor budget B (B // (contour // 3) distractors of contour // 3 dashes), snake contrast, paddle contrast
+PARAMS = {32: (2, 0.5, (1,), 7, 1.5, 1.0, 1, 20, 2.0, 0.75),     # LRA Pathfinder32 docstring
+          64: (5, 1, (1,), 12, 2.5, 1.8, 1, 22, 0.8, 1.0),       # Pathfinder64, + snakes2_wrapper defaults
+          128: (5, 1.5, (2, 3), 20, 3.0, 1.8, 1, 35, 0.9, 1.0),  # Pathfinder128 = Path-X
+          256: (5, 2, (3,), 27, 5.0, 1.8, 22, 30, 1.0, 1.0)}     # Pathfinder256: padding, seed distance are defaults
+AA = 2                                     # dashes and markers are drawn AA times finer, then Lanczos-resized
+DASH_TRIES, SEED_TRIES, DISTRACTOR_TRIES = 3, 3, 5
+TARGETS_MAY_TOUCH = False                  # True = the original: a dash is never tested against the other target path's
+                                           # newest dash, so in ~25% of its images the two target paths overlap
+FOLDERS = {6: "curv_baseline", 9: "curv_contour_length_9", 14: "curv_contour_length_14"}
+
+
+def _disc(r):
+    return [(dy, dx) for dy in range(-r, r + 1) for dx in range(-r, r + 1) if dy * dy + dx * dx <= r * r]
+
+
+def _down(a, n):                           # 8-bit Lanczos resize as scipy.misc.imresize did -> float in [0, 1]
+    return np.asarray(Image.fromarray(a).resize((n, n), Image.LANCZOS), np.float64) / 255
+
+
+def _dash(theta, L, t, m, half):
+    """Dash as the original draws it: a PIL line of width t·AA from the centre of a fine patch to ceil(centre +
+    L·AA·(sin θ, cos θ)), Lanczos-resized to (2·half+1)²; its mask is the line dilated by a disc of radius m·AA."""
+    n, c, r = 2 * half * AA + 1, half * AA, m * AA
+    im = Image.new("L", (n, n))
+    head = math.ceil(c + L * AA * np.cos(theta)), math.ceil(c + L * AA * np.sin(theta))   # (x, y): translate_coord
+    ImageDraw.Draw(im).line([(c, c), head], fill=255, width=round(t * AA))
+    pad = np.pad(np.asarray(im), r)
+    mask = np.max([pad[r + dy:r + dy + n, r + dx:r + dx + n] for dy, dx in _disc(r)], 0)   # (n, n)
+    return _down(np.asarray(im), 2 * half + 1), _down(mask, 2 * half + 1)
+
+
+def _marker(r):                            # disc of radius r·AA on the fine grid, centred on the pixel (as draw_circle)
+    h = math.ceil(r) + 4                   # + the reach of the Lanczos kernel
+    y = np.arange((2 * h + 1) * AA) - h * AA
+    return _down(((y[:, None] ** 2 + y[None, :] ** 2 <= (r * AA) ** 2) * 255).astype(np.uint8), 2 * h + 1)
+
+
+@lru_cache(maxsize=None)
+def _tables(res, m):
+    """Everything that does not depend on the image. Dash index i < 360: seed dash at i - 180 degrees; 360 + k: the dash
+    whose head is at offset k from its pivot (drawn back towards the pivot). Canvas = window + P on each side."""
+    L, t, _, sd, mr, cont, pad, *_ = PARAMS[res]
+    half = L + math.ceil(t) + m
+    S, P = 2 * half + 1, max(L + 2 * m + 3, half + m, math.ceil(mr) + 4) + 1   # stamp side, canvas margin
+    C = res + 2 * P                                                            # canvas side
+    s = np.arange(0, 360, 360 / (2 * (L + m) * np.pi)) * np.pi / 180          # the original's samples of the circle
+    off = np.unique(np.floor((L + m) * np.stack([np.sin(s), np.cos(s)], 1)).astype(int), axis=0)  # (K, 2): head-pivot
+    ori = np.r_[np.arange(-180, 180) * np.pi / 180, np.arctan2(off[:, 0], off[:, 1])]             # (360+K,)
+    flip = np.where(ori < 0, ori + np.pi, ori - np.pi)                 # flip_by_pi
+    rev = np.where(ori + np.pi < np.pi, ori + np.pi, ori - np.pi)      # the seeds' reversal: same angle, other rounding
+    d = np.abs(ori[:, None] - ori[None, 360:])
+    W = np.maximum(np.cos(np.minimum(np.minimum(d, 2 * np.pi - d) * cont, np.pi / 2)), 0) ** 2    # (360+K, K)
+    D, M = map(np.array, zip(*[_dash(a, L, t, m, half) for a in np.r_[ori[:360], flip[360:]]]))   # (360+K, S, S)
+    M = M.astype(np.float32).astype(np.float64)                        # the original keeps masks in float32
+    MD = np.zeros((len(M), 2, S + 2 * m, S + 2 * m))                   # (360+K, 2, S+2m, S+2m): mask, dilated mask
+    MD[:, 0, m:m + S, m:m + S] = M
+    for dy, dx in _disc(m):
+        v = MD[:, 1, m + dy:m + dy + S, m + dx:m + dx + S]
+        np.maximum(v, M, out=v)
+    hot = []                               # mask pixels >= 0.8: the only ones that can make occupancy + mask >= 1.8
+    for k in range(len(off)):
+        a, b = np.nonzero(M[360 + k] >= 0.8 - 1e-9)
+        o, v = (a - half) * C + b - half, M[360 + k, a, b]
+        hot.append((o, v, list(zip(o.tolist(), v.tolist()))))
+    # A seed avoids the occupancy dilated by the saturated pixels of its own mask, shifted by (1, 1) (the original's
+    # head-centred struct). cv2.dilate gives -DBL_MAX where all of a pixel's references leave the image; the original
+    # then finds no free pixel, so these seed angles always fail ("dead": 92% at 32 px): it thins out the distractors.
+    struct = [o[(np.abs(o) <= L + m).all(1)] for o in (np.argwhere(M[i] == 1.0) - half + 1 for i in range(360))]
+    g = np.arange(4 * (L + m) + 3)         # any window wider than a struct gives the same answer
+    out = lambda v: (v < 0) | (v >= len(g))
+    dead = [bool((out(g[:, None, None] + o[:, 0]) | out(g[None, :, None] + o[:, 1])).all(2).any()) for o in struct]
+    e = max(2 * sd, pad)                   # first seed: tail in the free central box, with its struct inside the box
+    assert e > L + m + 1                   # (then no reference leaves the image and the free tails form a rectangle)
+    boxes = [(i, e - o[:, 0].min(), res - e - o[:, 0].max(), e - o[:, 1].min(), res - e - o[:, 1].max())
+             for i, o in enumerate(struct) if not dead[i]]
+    occ = np.ones((2, C, C))               # [0] occupancy: padding frame, 0 outside the window (the original clips)
+    occ[0] = 0                             # [1] occupancy dilated by m, 1 outside the window: heads there weigh 0
+    occ[0, P:P + res, P:P + res] = 1
+    occ[0, P + pad:P + res - pad, P + pad:P + res - pad] = 0
+    occ[1, P + pad + m:P + res - pad - m, P + pad + m:P + res - pad - m] = 0
+    vec = lambda r, a: (r * np.stack([np.sin(a), np.cos(a)], 1)).tolist()
+    return dict(res=res, m=m, half=half, S=S, P=P, C=C, off=off.tolist(), D=D, M=M, MD=MD, hot=hot, occ=occ, dead=dead,
+                koff=(off[:, 0] * C + off[:, 1]).tolist(), step=vec(L + 2 * m, ori), hv=vec(L, ori), pv=vec(L + m, rev),
+                cand=[[(k, int(off[k, 0] * C + off[k, 1]), float(W[i, k])) for k in np.flatnonzero(W[i] > 1e-12)]
+                      for i in range(len(W))],                       # (weights cos(π/2)² ~ 4e-33 are never drawn)
+                sflat=[o[:, 0] * C + o[:, 1] for o in struct], marker=_marker(mr),
+                boxes=[x for x in boxes if x[1] < x[2] and x[3] < x[4]])
+
+
+def _place(T, occ, i, y, x):
+    """Add dash i (start at window pixel (y, x)) to the occupancy, clipped to the window as in the original, and to its
+    dilation, which we keep up to date so that a step reads K pixels instead of dilating the whole image."""
+    h, S, P, m, n = T["half"], T["S"], T["P"], T["m"], T["res"]
+    y0, x0, e = y + P - h - m, x + P - h - m, S + 2 * m                # corner and side of the stamp in the canvas
+    v = occ[:, y0:y0 + e, x0:x0 + e]
+    if P <= y0 + m and y0 + m + S <= P + n and P <= x0 + m and x0 + m + S <= P + n:
+        return np.maximum(v, T["MD"][i], out=v)
+    np.maximum(v[1], T["MD"][i, 1], out=v[1])
+    a, b, c, d = max(y0, P), min(y0 + e, P + n), max(x0, P), min(x0 + e, P + n)
+    np.maximum(occ[0, a:b, c:d], T["MD"][i, 0, a - y0:b - y0, c - x0:d - x0], out=occ[0, a:b, c:d])
+
+
+def _touches(T, i, y, x, other):
+    """Do dash i at (y, x) and dash other = (j, yo, xo) overlap by the 1.8 rule?"""
+    (j, yo, xo), S = other, T["S"]
+    dy, dx = y - yo, x - xo
+    if abs(dy) >= S or abs(dx) >= S:
+        return False
+    a = T["M"][i][max(0, -dy):S - max(0, dy), max(0, -dx):S - max(0, dx)]
+    return (a + T["M"][j][max(0, dy):S - max(0, -dy), max(0, dx):S - max(0, -dx)]).max() >= 1.8
+
+
+def _extend(rng, T, flat, pivot, i, avoid=None):
+    """Dash after dash i with pivot `pivot` (extend_snake) -> (head, its pivot, its index), or None at a dead end.
+    It may not touch the occupancy (flat view of both planes) nor the dash `avoid`. Plain Python: ~10 candidates."""
+    P, C = T["P"], T["C"]
+    py, px = math.ceil(pivot[0] + T["step"][i][0]), math.ceil(pivot[1] + T["step"][i][1])  # as translate_coord
+    base = (py + P) * C + px + P
+    cum, ks, total = [], [], 0.0
+    for k, ko, wk in T["cand"][i]:         # weight = continuity x (1 - dilated occupancy at the head)
+        v = wk * (1.0 - flat[C * C + base + ko])
+        if v > 0:
+            total += v
+            cum.append(total)
+            ks.append(k)
+    if total < 1e-4:
+        return None
+    for _ in range(DASH_TRIES):
+        k = ks[min(bisect_right(cum, rng.random() * total), len(ks) - 1)]
+        head, (o, v, pairs) = base + T["koff"][k], T["hot"][k]
+        if len(pairs) > 16:                # ~5 hot pixels at 32 px: Python; ~60 at 128 px: numpy
+            free = (np.frombuffer(flat).take(head + o) + v).max() < 1.8
+        else:
+            free = all(flat[head + a] + b < 1.8 for a, b in pairs)
+        y, x = py + T["off"][k][0], px + T["off"][k][1]
+        if free and not (avoid and _touches(T, 360 + k, y, x, avoid)):
+            return (y, x), (py, px), 360 + k
+    return None
+
+
+def _seed(T, i, y, x):
+    """Pivot of seed dash i with its tail at (y, x), or None when its head or pivot leaves the window."""
+    head = math.ceil(y + T["hv"][i][0]), math.ceil(x + T["hv"][i][1])
+    pivot = math.ceil(head[0] + T["pv"][i][0]), math.ceil(head[1] + T["pv"][i][1])
+    return pivot if 0 <= min(head + pivot) and max(head + pivot) < T["res"] else None
+
+
+def _grow(rng, T, occ, paths, pivots, n_dash):
+    """Grow paths (lists of dashes (i, y, x)) alternately to n_dash dashes each, in place; False at a dead end."""
+    flat = memoryview(occ.reshape(-1))
+    for _ in range(n_dash - 1):
+        for p, path in enumerate(paths):
+            other = None if TARGETS_MAY_TOUCH or len(paths) == 1 else paths[1 - p][-1]   # not yet in the occupancy
+            r = _extend(rng, T, flat, pivots[p], path[-1][0], other)
+            if r is None:
+                return False
+            head, pivots[p], i = r
+            _place(T, occ, *path[-1])      # a dash joins the occupancy once the next one is down
+            path.append((i, *head))
+    for path in paths:                     # (two_snakes forgets target path 0's last dash here)
+        _place(T, occ, *path[-1])
+    return True
+
+
+def _two_paths(rng, T, n_dash, seed_dist):
+    """Two target paths grown alternately from seeds seed_dist apart; any failure restarts from scratch (two_snakes)."""
+    while True:
+        i0, y_lo, y_hi, x_lo, x_hi = T["boxes"][rng.randrange(len(T["boxes"]))]
+        y0, x0 = rng.randrange(y_lo, y_hi), rng.randrange(x_lo, x_hi)
+        pivots = [_seed(T, i0, y0, x0), None]
+        for _ in range(SEED_TRIES if pivots[0] else 0):
+            i1, a = rng.randrange(360), rng.randrange(360) * math.pi / 180
+            y1, x1 = round(y0 + seed_dist * math.sin(a)), round(x0 + seed_dist * math.cos(a))   # half to even
+            pivots[1] = _seed(T, i1, y1, x1)
+            if pivots[1]:
+                occ, paths = T["occ"].copy(), [[(i0, y0, x0)], [(i1, y1, x1)]]
+                if _grow(rng, T, occ, paths, pivots, n_dash):
+                    return occ, paths
+                break
+
+
+def _distractor(rng, T, occ, n_dash):
+    """One try at a distractor path (seed_snake + make_snake) -> (new occupancy, dashes) or None."""
+    n, P, C, mask = T["res"], T["P"], T["C"], occ[0]
+    if (mask[P:P + n, P:P + n] <= 0.3).sum() < 0.01 * n * n:
+        return None
+    for _ in range(SEED_TRIES):
+        i = rng.randrange(360)
+        if T["dead"][i]:
+            return None
+        probes = np.array([(P + rng.randrange(n)) * C + P + rng.randrange(n) for _ in range(16)])
+        free = probes[mask.take(probes[:, None] + T["sflat"][i]).max(1) <= 0.3]   # the first free probe is uniform
+        if not len(free):                  # no free probe: list every free tail
+            lin = mask.ravel()
+            free = P * C + np.flatnonzero(np.max([lin[P * C + o:(P + n) * C + o] for o in T["sflat"][i]], 0) <= 0.3)
+            free = free[(free % C >= P) & (free % C < P + n)]
+            if not len(free):
+                return None
+            free = free[rng.randrange(len(free)):]
+        tail = int(free[0]) // C - P, int(free[0]) % C - P
+        pivot = _seed(T, i, *tail)
+        if pivot:
+            occ, path = occ.copy(), [(i, *tail)]
+            return (occ, path) if _grow(rng, T, occ, [path], [pivot], n_dash) else None
+    return None
+
+
+def pathfinder_image(rng, res=32, contour_length=14, label=1, details=False):
+    """One image, uint8 (res, res), max 255. rng: random.Random. label 1: the markers sit on both ends of one target
+    path; label 0: on one end of each. details=True also returns dict(margin, paths, markers): paths = the two target
+    paths as lists of dashes (stamp index, y, x) from the origin (seed tail) to the far end (head of the last dash)."""
+    L, t, margins, sd, mr, cont, pad, budget, snake_c, paddle_c = PARAMS[res]
+    T = _tables(res, margins[rng.randrange(len(margins))])
+    occ, paths = _two_paths(rng, T, contour_length, sd)
+    dashes = [(i, y, x, snake_c * paddle_c) for p in paths for i, y, x in p]   # 32 px: 1.5 vs 2, targets 25% dimmer
+    for _ in range(budget // (contour_length // 3)):
+        for _ in range(DISTRACTOR_TRIES):
+            r = _distractor(rng, T, occ, contour_length // 3)
+            if r:
+                occ, dashes = r[0], dashes + [(i, y, x, snake_c) for i, y, x in r[1]]
+                break
+    P, h, hm = T["P"], T["half"], len(T["marker"]) // 2
+    img = np.zeros((T["C"], T["C"]))
+    for i, y, x, c in dashes:
+        v = img[y + P - h:y + P + h + 1, x + P - h:x + P + h + 1]
+        np.maximum(v, (c * T["D"][i]).astype(np.float32), out=v)      # float32 like the original's 'F' images
+    o = rng.randrange(2)                   # origin of path o; far end of path o (label 1) or of the other one (0)
+    markers = [paths[o][0][1:], paths[o if label else 1 - o][-1][1:]]
+    for y, x in markers:
+        v = img[y + P - hm:y + P + hm + 1, x + P - hm:x + P + hm + 1]
+        np.maximum(v, T["marker"], out=v)
+    img = img[P:P + res, P:P + res]
+    img = ((img - img.min()) * (255 / (img.max() - img.min())) + 0.5).astype(np.uint8)   # scipy imsave's bytescale
+    return (img, dict(margin=T["m"], paths=paths, markers=markers)) if details else img
+
+
+def _write_batch(job):
+    """Render batch k as imgs/<k>/sample_<j>.png and metadata/<k>.npy (plain text, the 11 fields of snakes2)."""
+    out, res, contour_length, seed, k, labels = job
+    L, t, cont = PARAMS[res][0], PARAMS[res][1], PARAMS[res][5]
+    rng = random.Random(f"pathfinder/{seed}/{res}/{contour_length}/{k}")   # per batch: same bytes for any workers
+    (out / "imgs" / str(k)).mkdir(parents=True, exist_ok=True)
+    lines = []
+    for j, label in enumerate(labels):
+        img, info = pathfinder_image(rng, res, contour_length, label, details=True)
+        Image.fromarray(img).save(out / "imgs" / str(k) / f"sample_{j}.png")
+        lines.append(f"imgs/{k} sample_{j}.png {j} {label} {cont} {contour_length} {contour_length // 3} {L} {t} "
+                     f"{info['margin']} 1\n")
+    (out / "metadata" / f"{k}.tmp").write_text("".join(lines))
+    (out / "metadata" / f"{k}.tmp").replace(out / "metadata" / f"{k}.npy")   # only finished batches have metadata
+    return len(labels)
+
+
+def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers=1, per_batch=1000):
+    """Write n images, labels exactly balanced and shuffled, as root/pathfinder{res}/<difficulty folder>/{imgs/<k>/
+    sample_<j>.png, metadata/<k>.npy} (the LRA release layout); returns the difficulty folder."""
+    from multiprocessing import Pool
+    from tqdm import tqdm
+    if res not in PARAMS or contour_length < 3:
+        raise ValueError(f"pathfinder generator: res must be one of {sorted(PARAMS)} and contour_length >= 3, "
+                         f"got res={res}, contour_length={contour_length}")
+    out = Path(root) / f"pathfinder{res}" / FOLDERS.get(contour_length, f"curv_contour_length_{contour_length}")
+    (out / "metadata").mkdir(parents=True, exist_ok=True)
+    labels = [j % 2 for j in range(n)]
+    random.Random(f"pathfinder/{seed}/{res}/{contour_length}/labels").shuffle(labels)
+    jobs = [(out, res, contour_length, seed, k, labels[j:j + per_batch]) for k, j in enumerate(range(0, n, per_batch))]
+    with tqdm(total=n, desc=f"pathfinder{res}/{out.name}", unit="img") as bar:
+        if workers > 1:
+            with Pool(workers) as pool:
+                for done in pool.imap_unordered(_write_batch, jobs):
+                    bar.update(done)
+        else:
+            for job in jobs:
+                bar.update(_write_batch(job))
+    return out
+
+
+def measure_speed(res=32, contour_length=14, seconds=3.0):
+    """Images per CPU-second of this process (= per core): pathfinder_image + PNG encoding, tables built beforehand."""
+    import io
+    for m in PARAMS[res][2]:
+        _tables(res, m)
+    rng, count, t0 = random.Random(0), 0, time.process_time()
+    while time.process_time() - t0 < seconds:
+        Image.fromarray(pathfinder_image(rng, res, contour_length, count % 2)).save(io.BytesIO(), format="PNG")
+        count += 1
+    return count / (time.process_time() - t0)
+
 
 def _run_pathfinder_generator(root, res, n, difficulty, workers):
-    from pathfinder_gen import generate_pathfinder  # merged into this file by the lead
     cl = CONTOUR_LENGTH[difficulty]
     generate_pathfinder(root, res=res, n=n, contour_length=cl, seed=0, workers=workers)
     folder = Path(root) / f"pathfinder{res}" / DIFFICULTY[difficulty]
@@ -599,7 +897,12 @@ def main(argv=None):
     p.add_argument("--cache-dir", default=None, help="default: <data-dir>/cache if writable, else ./data/cache")
     p.add_argument("--difficulty", choices=DIFFICULTY, default="hard", help="pathfinder tasks: curv_baseline / _9 / _14")
     p.add_argument("--lra-val", action="store_true", help="text, image: validate on the test set, as LRA did")
+    p.add_argument("--speed", action="store_true", help="pathfinder tasks: measure the generator's images/s per core and exit")
     args = p.parse_args(argv)
+    if args.speed and args.task in PATHFINDER_TASKS:
+        res, cl = TASKS[args.task].side, CONTOUR_LENGTH[args.difficulty]
+        print(f"pathfinder{res} contour {cl}: {measure_speed(res, cl):.1f} images/s per core")
+        return 0
     try:
         for split in ("train", "val", "test"):
             ds = load(args.task, split, args.data_dir, lra_val=args.lra_val, difficulty=args.difficulty,
