@@ -1,0 +1,286 @@
+"""Facts about train.py: every model trains with and without --spt on generated data, the pre-trained backbone is
+really the one fine-tuned, checkpoints reload exactly, optimiser groups are a partition, bad input exits with status 2."""
+import dataclasses
+import json
+import math
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+import denoise
+import lra_data
+import train
+
+# A run small enough for a test: width 16, one layer, 16 training examples = one batch, so each epoch revisits the
+# same examples (16 are far too few for validation numbers to mean anything; these tests check the machinery).
+TINY = ["--preset", "tiny", "--d-model", "16", "--n-layers", "1", "--d-state", "16", "--batch-size", "16",
+        "--max-train", "16", "--max-eval", "8", "--lr", "5e-3", "--pretrain-lr", "5e-3", "--warmup", "1"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tensors this small gain nothing from threads, and on a shared 2-core machine a second thread waiting for a busy
+    core made this file 5x slower (86 s against 16 s)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """Generated data in the release formats, made once for this file: 200 Pathfinder images (32 px, hard) and 280
+    ListOps trees of 30..200 tokens (the LRA generator with a shorter length window, so tests stay fast)."""
+    root = tmp_path_factory.mktemp("data")
+    lra_data.generate_listops(root, 200, 40, 40, min_length=30, max_length=200)
+    lra_data.load("pathfinder", "train", root, generate=200, workers=1)
+    return root
+
+
+@pytest.fixture(scope="module")
+def fake_release(tmp_path_factory):
+    """Random stand-ins in the official formats for the tasks with no generator: AAN retrieval TSVs (label written
+    as 1.0, as in the release) and CIFAR-10 python batches. They exercise the two-tower head and the L1 pixel head."""
+    root, gen = tmp_path_factory.mktemp("release"), torch.Generator().manual_seed(0)
+    text = lambda: bytes(torch.randint(97, 123, (int(torch.randint(20, 80, (1,), generator=gen)),), generator=gen).tolist()).decode()
+    (root / "tsv_data").mkdir()
+    for name, n in (("train", 32), ("eval", 8), ("test", 8)):
+        rows = [f"{i % 2}.0\tid{i}a\tid{i}b\t{text()}\t{text()}\n" for i in range(n)]
+        (root / "tsv_data" / f"new_aan_pairs.{name}.tsv").write_text("".join(rows))
+    (root / "cifar-10-batches-py").mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": torch.randint(0, 256, (8, 3072), generator=gen, dtype=torch.uint8).numpy(), b"labels": list(range(8))}
+        (root / "cifar-10-batches-py" / name).write_bytes(pickle.dumps(batch))
+    return root
+
+
+def run(data_dir, out, *flags):
+    results = train.main(["--data-dir", str(data_dir), "--out", str(out), *TINY, *flags])
+    return results, Path(results["run_dir"])
+
+
+def train_losses(run_dir, phase):
+    return [r["train_loss"] for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if r["phase"] == phase]
+
+
+@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+@pytest.mark.parametrize("task", ["pathfinder", "listops"])
+def test_tiny_spt_run_completes_and_denoising_loss_drops(model, task, data_dir, tmp_path):
+    results, run_dir = run(data_dir, tmp_path, "--model", model, "--task", task, "--spt", "--pretrain-epochs", "3", "--epochs", "1")
+    losses = train_losses(run_dir, "spt")
+    assert losses[-1] < losses[0], f"{model}/{task}: SPT training loss did not drop: {losses}"
+    assert all(map(math.isfinite, train_losses(run_dir, "finetune"))), "fine-tuning after SPT gave a non-finite loss"
+    assert 0 <= results["test_acc"] <= 1 and results["spt_val_metric"]["name"] == "val_loss"
+    assert {p.name for p in run_dir.iterdir()} >= {"config.json", "log.jsonl", "spt.pt", "best.pt", "results.json"}
+
+
+@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+@pytest.mark.parametrize("task", ["pathfinder", "listops"])
+def test_tiny_run_from_scratch_completes(model, task, data_dir, tmp_path):
+    results, run_dir = run(data_dir, tmp_path, "--model", model, "--task", task, "--epochs", "3")
+    losses = train_losses(run_dir, "finetune")
+    assert results["spt_val_metric"] is None and not (run_dir / "spt.pt").exists()
+    if task == "listops":
+        assert losses[-1] < losses[0], f"{model}/listops: training loss did not drop: {losses}"
+    else:  # Pathfinder from scratch sits at the class prior (≈ ln 2) for many steps: the paper's point; only check sanity
+        assert all(abs(loss - math.log(2)) < 0.3 for loss in losses), f"{model}/pathfinder: loss left the ln 2 plateau oddly: {losses}"
+
+
+@pytest.mark.parametrize("task", ["retrieval", "image"])
+def test_tiny_spt_run_on_retrieval_pairs_and_image_values(task, fake_release, tmp_path):
+    results, run_dir = run(fake_release, tmp_path, "--model", "dlr", "--task", task, "--spt", "--pretrain-epochs", "3", "--epochs", "1")
+    losses = train_losses(run_dir, "spt")
+    assert losses[-1] < losses[0], f"{task}: SPT training loss did not drop: {losses}"
+    metric = "r2" if task == "image" else "acc"                          # Image is regressed (L1), with R²
+    assert metric in results["spt_val_metric"], f"{task}: SPT metrics {results['spt_val_metric']} lack {metric}"
+
+
+@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+def test_tiny_causal_spt_run_with_a_causal_model(model, data_dir, tmp_path):
+    results, run_dir = run(data_dir, tmp_path, "--model", model, "--task", "listops", "--spt", "--objective", "causal",
+                           "--causal", "--pool", "last", "--pretrain-epochs", "3", "--epochs", "1")
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    assert config.get("causal", not config.get("bidirectional")), f"{model} was not built causal: {config}"
+    losses = train_losses(run_dir, "spt")
+    assert losses[-1] < losses[0], f"{model}: next-token training loss did not drop: {losses}"
+
+
+def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir, tmp_path):
+    with pytest.raises(SystemExit) as e:                 # an absurd fine-tuning lr overflows the weights within steps
+        run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "1", "--epochs", "5",
+            "--lr", "1e30")
+    message = str(e.value.code)
+    assert "finetune step" in message and "non-finite" in message and ("gradient of" in message or "value of" in message), message
+    spt_pt = next(tmp_path.glob("*/spt.pt"))
+    assert all(v.isfinite().all() for v in torch.load(spt_pt, weights_only=True)["model"].values()), "spt.pt was spoiled"
+
+
+def test_fine_tuning_starts_from_the_pre_trained_backbone(data_dir, tmp_path):
+    # with lr 0 fine-tuning cannot move a weight, so best.pt's backbone must be exactly spt.pt's backbone
+    results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--epochs", "1",
+                           "--pretrain-epochs", "2", "--lr", "0", "--ssm-lr", "0")
+    spt = torch.load(run_dir / "spt.pt", weights_only=True)["model"]
+    best = torch.load(run_dir / "best.pt", weights_only=True)["model"]
+    backbone = [k for k in spt if k.startswith("backbone.")]
+    assert backbone and backbone == [k for k in best if k.startswith("backbone.")], "backbone keys differ"
+    for k in backbone:
+        assert torch.equal(spt[k], best[k]), f"{k} in the fine-tuned model is not the pre-trained tensor"
+    assert "denoise_head.weight" in spt and "head.weight" in best and "denoise_head.weight" not in best
+
+
+def test_saved_checkpoint_reloads_to_identical_logits_and_test_accuracy(data_dir, tmp_path):
+    results, run_dir = run(data_dir, tmp_path, "--model", "s4", "--task", "pathfinder", "--epochs", "1")
+    model, ck = train.load_model(run_dir / "best.pt")
+    assert not any("_orig_mod." in k for k in ck["model"]), "checkpoint keys carry a torch.compile prefix"
+    again, _ = train.load_model(run_dir / "best.pt")
+    test = lra_data.load("pathfinder", "test", data_dir)
+    x, lengths, y = lra_data.collate([test[i] for i in range(8)])
+    x = denoise.model_input(x, "pathfinder")                                   # (B, L, 2)
+    with torch.no_grad():
+        assert torch.equal(model(x, lengths), again(x, lengths)), "two loads of one checkpoint disagree"
+    keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[: ck["args"]["max_eval"]]   # as train.py picks them
+    subset = torch.utils.data.Subset(test, keep.sort().values.tolist())
+    loader = torch.utils.data.DataLoader(subset, 16, collate_fn=lra_data.collate)
+    acc = train.evaluate(model, lambda m, b, g: train.finetune_batch(m, b, g, "pathfinder"), loader, 0, torch.no_grad)["acc"]
+    assert acc == results["test_acc"], f"reloaded best.pt scores {acc} on test, the run reported {results['test_acc']}"
+
+
+@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+def test_one_batch_overfits(model):
+    torch.manual_seed(0)
+    Config, Model, ssm_names = train.MODELS[model]
+    small = dict(d_model=32, n_layers=2, d_state=16, dropout=0.0, vocab_size=19)
+    config = Config(**{k: v for k, v in small.items() if k in {f.name for f in dataclasses.fields(Config)}})
+    meta = dict(model_name=model, config=dataclasses.asdict(config),
+                head=dict(kind="classifier", n_classes=10, pool="mean", pair=False))
+    net = train.build_model(meta)
+    x, y = torch.randint(4, 19, (8, 32)), torch.arange(8) % 10               # (B, L) ids, (B,) labels
+    lengths = torch.tensor([32, 30, 25, 20, 32, 17, 10, 32])
+    opt = torch.optim.AdamW(train.param_groups(net, 3e-3, 0.0, 3e-3, ssm_names))
+    losses = []
+    for _ in range(50):
+        loss = torch.nn.functional.cross_entropy(net(x, lengths), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], f"{model}: loss {losses[0]:.3f} -> {losses[-1]:.3f} in 50 steps on one batch"
+
+
+@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+def test_param_groups_put_each_parameter_in_exactly_one_group(model):
+    Config, Model, ssm_names = train.MODELS[model]
+    cfg = Config(d_model=16, n_layers=2, vocab_size=19)
+    net = train.Classifier(Model(cfg), 16, 10, "mean", pair=False)
+    groups = train.param_groups(net, 1e-3, 0.05, 1e-4, ssm_names)
+    ids = [id(p) for g in groups for p in g["params"]]
+    assert len(ids) == len(set(ids)), "a parameter sits in two groups"
+    assert set(ids) == {id(p) for p in net.parameters()}, "a parameter is in no group"
+    names = {id(p): n for n, p in net.named_parameters()}
+    for g in groups:
+        for p in g["params"]:
+            leaf = names[id(p)].rsplit(".", 1)[-1]
+            if leaf in ssm_names:
+                assert g["weight_decay"] == 0 and g["lr"] == 1e-4, f"SSM parameter {names[id(p)]} has the global lr/decay"
+            elif leaf == "bias" or "norm" in names[id(p)] or "encoder" in names[id(p)]:
+                assert g["weight_decay"] == 0, f"{names[id(p)]} (bias, norm or embedding) gets weight decay"
+    assert any(g["weight_decay"] > 0 for g in groups), "nothing gets weight decay"
+
+
+def test_pooling_reads_real_positions_only():
+    h = torch.randn(2, 5, 3)                                                  # (B, L, D)
+    lengths = torch.tensor([3, 5])
+    spoiled = h.clone()
+    spoiled[0, 3:] = 1e6                                                     # pads of row 0
+    for how in ("mean", "max", "last"):
+        assert torch.equal(train.pool(h, lengths, how), train.pool(spoiled, lengths, how)), f"{how} pooling reads pads"
+    torch.testing.assert_close(train.pool(h, lengths, "mean")[0], h[0, :3].mean(0))
+
+
+def test_load_backbone_refuses_any_unexpected_difference():
+    cfg = train.MODELS["dlr"][0](d_model=8, n_layers=1, d_state=4, vocab_size=19)
+    source = train.Denoiser(train.DLR(cfg), 8, 19).state_dict()
+    target = train.Classifier(train.DLR(cfg), 8, 10, "mean", pair=False)
+    dropped, new = train.load_backbone(target, source)
+    assert dropped == ["denoise_head.bias", "denoise_head.weight"] and new == ["head.bias", "head.weight"]
+    missing_one = {k: v for k, v in source.items() if k != "backbone.encoder.weight"}
+    with pytest.raises(RuntimeError, match="encoder"):
+        train.load_backbone(target, missing_one)
+    with pytest.raises(RuntimeError, match="extra"):
+        train.load_backbone(target, {**source, "backbone.extra": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--model", "dlr", "--spt", "--objective", "causal"], "--causal"),
+    (["--mask-ratio", "1.5"], "--mask-ratio"),
+    (["--data-fraction", "0"], "--data-fraction"),
+    (["--init-from", "no/such/file.pt"], "--init-from"),
+])
+def test_bad_input_exits_with_status_2_and_one_line(flags, says, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--task", "listops", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY, *flags])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and says in err and len(err.splitlines()) == 1, f"exit {e.value.code}, stderr: {err!r}"
+
+
+def test_missing_data_exits_with_status_2_naming_the_path(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--task", "listops", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path), *TINY, "--generate", "0"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "none" in err and len(err.splitlines()) == 1, f"exit {e.value.code}, stderr: {err!r}"
+
+
+@pytest.mark.parametrize("stop_in", ["spt", "finetune"])
+def test_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(stop_in, data_dir, tmp_path, monkeypatch):
+    flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3", "--epochs", "3",
+             "--max-train", "32", "--batch-size", "8", "--dropout", "0.1"]    # 4 steps per epoch; dropout uses the RNG
+    full, full_dir = run(data_dir, tmp_path / "full", *flags)
+    kill_at, calls, check = (6 if stop_in == "spt" else 18), [], train.check_finite   # step 6: SPT epoch 2; 18: FT epoch 2
+    def killed(*a):                                      # the kill_at-th optimiser step dies as a killed job would
+        calls.append(1)
+        if len(calls) == kill_at:
+            raise KeyboardInterrupt
+        return check(*a)
+    monkeypatch.setattr(train, "check_finite", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(data_dir, tmp_path / "cut", *flags)
+    monkeypatch.setattr(train, "check_finite", check)
+    cut_dir = next((tmp_path / "cut").iterdir())
+    assert torch.load(cut_dir / "last.pt", weights_only=True)["phase"] == stop_in
+    resumed = train.main(["--resume", str(cut_dir)])
+    for key in ("test_acc", "test_loss", "best_val_acc"):
+        assert abs(resumed[key] - full[key]) < 1e-6, f"{key}: resumed {resumed[key]} vs uninterrupted {full[key]}"
+    val = lambda d: {(r["phase"], r.get("epoch")): r.get("val_loss") for r in map(json.loads, (d / "log.jsonl").read_text().splitlines())}
+    for key, loss in val(full_dir).items():
+        if loss is not None:
+            assert abs(val(cut_dir)[key] - loss) < 1e-6, f"val loss at {key} differs after resuming"
+
+
+def test_resume_without_a_checkpoint_exits_with_status_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(tmp_path)])
+    assert e.value.code == 2 and "last.pt" in capsys.readouterr().err
+
+
+def test_init_from_fine_tunes_a_saved_backbone_and_refuses_another_models(data_dir, tmp_path, capsys):
+    _, first = run(data_dir, tmp_path / "a", "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "1", "--epochs", "1")
+    results, again = run(data_dir, tmp_path / "b", "--model", "dlr", "--task", "listops", "--epochs", "1", "--init-from", str(first / "spt.pt"))
+    assert "loaded backbone from" in (again / "log.txt").read_text() and again.name.startswith("listops-dlr-init")
+    capsys.readouterr()                                  # drop the progress bars of the two runs above
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path / "c", "--model", "s4", "--task", "listops", "--init-from", str(first / "spt.pt"))
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "--init-from" in err and len(err.splitlines()) == 1, err
+
+
+def test_malformed_release_file_exits_with_status_2_naming_file_and_line(tmp_path, capsys):
+    folder = tmp_path / "tsv_data"
+    folder.mkdir()
+    for name in ("train", "eval", "test"):
+        (folder / f"new_aan_pairs.{name}.tsv").write_text("1.0\tid1\tid2\tsome text\tother text\n" + "not a row\n" * (name == "train"))
+    with pytest.raises(SystemExit) as e:
+        train.main(["--task", "retrieval", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "new_aan_pairs.train.tsv:2" in err and len(err.splitlines()) == 1, err
