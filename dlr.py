@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from s4 import SSMLayer, apply_norm, norm_layer, pad_mask
+from s4 import SSMLayer, apply_norm, norm_layer, pad_mask, vandermonde
 
 SSM_PARAMS = {"lambda_p", "lambda_theta", "W"}   # own lr (cfg.ssm_lr), no weight decay
 
@@ -47,11 +47,10 @@ def dlr_init(N, dt_min, dt_max):
 # ----------------------------------------------------------------------------- kernel (convolutional view)
 
 def dlr_kernel(log_lambda, W, L):
-    """DLR kernel K_{h,l} = Re Σ_n W_{h,n} λ_n^l as one (H×N)·(N×L) complex matmul per direction: the powers
-    λ^l are shared by all H channels, so no (H, N, L) tensor. log_lambda: (S, N), W: (S, H, N) -> K (S, H, L) real."""
-    l = torch.arange(L, dtype=W.real.dtype, device=W.device)                        # (L,)
-    V = torch.exp(log_lambda[:, :, None] * l)                                        # (S, N, L), powers λ^l
-    return (W @ V).real                                                              # (S, H, L)
+    """DLR kernel K_{h,l} = Re Σ_n W_{h,n} λ_n^l: a Vandermonde product. The powers λ^l are shared by all H channels,
+    so it is one (H×N)·(N×L) matmul per direction, made by s4.vandermonde from split powers λ^{a·c}·λ^b without an
+    (N, L) table. log_lambda: (S, N), W: (S, H, N) -> K (S, H, L) real."""
+    return vandermonde(W, log_lambda, L)                                             # (S, H, L)
 
 
 # ----------------------------------------------------------------------------- kernel module

@@ -80,6 +80,78 @@ def full_dot(a, b):
     return 2 * (a.conj() * b).sum(-1, keepdim=True).real
 
 
+class RFFT(torch.autograd.Function):
+    """torch.fft.rfft(x, n=n) with a lean backward: the adjoint of a real FFT is one inverse real FFT, with the
+    one-sided bins halved (irfft counts each twice). PyTorch's own backward (CPU) runs a full complex FFT and returns
+    a stride-2 gradient, on which the batched matmuls behind it take a slow path (5× here); this one is ~3× faster
+    and dense. Use as RFFT.apply(x, n)."""
+
+    @staticmethod
+    def forward(ctx, x, n):
+        ctx.m, ctx.n = x.size(-1), n                                                 # x is zero-padded from m to n
+        return torch.fft.rfft(x, n=n)                                                # (..., n/2+1) complex
+
+    @staticmethod
+    def backward(ctx, g):                                                            # g: (..., n/2+1) complex
+        n = ctx.n
+        weight = torch.full((n // 2 + 1,), 0.5, dtype=g.real.dtype, device=g.device)  # (n/2+1,): bins 1 .. (n−1)/2
+        weight[0] = weight[(n + 1) // 2 :] = 1                                       # are counted twice by irfft
+        return torch.fft.irfft(g * weight, n=n, norm="forward")[..., : ctx.m], None  # (..., m) real; n·irfft
+
+
+def powers(log_w, n):
+    """w^j for j < n by doubling, w^{j+k} = w^j·w^k for k = 1, 2, 4, ...: log2(n) exp calls on (G, M) instead of one
+    on (G, M, n), the rest are multiplications. log_w: (G, M) complex -> (G, M, n) complex, same dtype."""
+    w = torch.ones_like(log_w)[..., None]                                            # (G, M, 1), w^0
+    while w.size(-1) < n:
+        w = torch.cat([w, w * torch.exp(w.size(-1) * log_w)[..., None]], -1)        # (G, M, 2k)
+    return w[..., :n]                                                                # (G, M, n)
+
+
+def vandermonde(coef, log_w, L):
+    """Re Σ_n coef_{g,r,n} w_{g,n}^l for l < L: coef (G, R, M) complex, log_w (G, M) complex -> (G, R, L) real.
+    The kernels of S4D (G = Hk, R = 1), DLR (G = S, R = H, λ shared by the channels) and the Cauchy sums of S4 (R = 4).
+    Split powers: l = a·c + b (b < c) and w^l = w^{a·c}·w^b. Only the tables w^b and w^{a·c}, M·(c + L/c) values,
+    are computed; w^{a·c} is folded into coef, and what is left is one batched matmul (G, R·L/c, M)·(G, M, c): matmul
+    speed, and no (G, M, L) tensor in the forward or in autograd. c ≈ √(R·L), a power of two, makes those two factors
+    equally big, so their memory grows like √L. The tables are made in float64, then cast: w^l made in float32
+    carries a phase error of ~l·ε (l up to 65536; S4's HiPPO modes then lose 3 digits), the cast only ε."""
+    G, R, M = coef.shape
+    c = min(L, 2 ** (round(math.log2(R * L)) // 2))                                 # split: l = a·c + b
+    log_w = log_w.to(torch.complex128)                                               # (G, M)
+    small = powers(log_w.conj(), c).to(coef.dtype)                                   # (G, M, c), conj(w^b)
+    big = powers(c * log_w, -(-L // c)).to(coef.dtype)                               # (G, M, L/c), w^{a·c}
+    scaled = (coef[:, :, None, :] * big.transpose(1, 2)[:, None]).reshape(G, -1, M)   # (G, R·L/c, M) complex
+    # Re(x·y) = Re x·Re y − Im x·Im y: one real matmul of half the flops of a complex one, on (re, im) pairs
+    small = torch.view_as_real(small).transpose(2, 3).reshape(G, 2 * M, c)          # (G, 2M, c): Re w^b, −Im w^b
+    K = (torch.view_as_real(scaled).reshape(G, -1, 2 * M) @ small).view(G, R, -1)   # (G, R, ⌈L/c⌉·c) real
+    return K if K.size(-1) == L else K[..., :L]     # (G, R, L); a slice would cost a zero-filled copy in backward
+
+
+def bilinear_power(Lambda, P, C, dt, L):
+    """C Ā^L for the bilinear Ā of A = Λ − PP* (all N modes); returns its pair half, (Hk, N/2) complex.
+    Ā = (I − hA)⁻¹(I + hA) = 2(I − hA)⁻¹ − I with h = Δ/2, and I − hA = diag(d) + h·pp* is diagonal plus rank one:
+    Sherman–Morrison gives Ā = diag(2/d − 1) − β·q r in O(N²), no batched solve (those stall on OpenMP threads of a
+    shared CPU). Ā^L by repeated squaring, log L matmuls, in real coordinates: the system is real, so Ā on [x, x̄]
+    is a real N×N matrix on [Re x, Im x], and a real matmul takes a quarter of the flops of a complex one."""
+    n, h = Lambda.shape[1], (dt / 2)[:, None]                                        # N/2, (Hk, 1)
+    lam, p = full(Lambda), full(P)                                                   # (Hk, N) complex each
+    d = 1 - h * lam                                                                  # (Hk, N), I − hΛ
+    q, r = p / d, p.conj() / d                                                       # (Hk, N): D⁻¹p and the row p*D⁻¹
+    beta = 2 * h / (1 + h * (r * p).sum(-1, keepdim=True))                           # (Hk, 1)
+    dA = torch.diag_embed(2 / d - 1) - beta[:, :, None] * q[:, :, None] * r[:, None, :]   # (Hk, N, N) complex
+    # x' = M₁x + M₂x̄ (M₁ = dA[:n, :n], M₂ = dA[:n, n:]): Re x' = Re(M₁+M₂)·Re x − Im(M₁−M₂)·Im x, Im x' likewise
+    S, D = dA[:, :n, :n] + dA[:, :n, n:], dA[:, :n, :n] - dA[:, :n, n:]             # (Hk, N/2, N/2) each
+    dA = torch.cat([torch.cat([S.real, -D.imag], 2), torch.cat([S.imag, D.real], 2)], 1)   # (Hk, N, N) real
+    Cr = torch.cat([C.real, -C.imag], -1)[:, None]                                  # (Hk, 1, N): 2 Re(Cx) = 2 Cr·[Re x, Im x]
+    left = L                                        # C Ā^L = Cr·(Ā^(2^j))^left: square while left is large and
+    while left > 16:                                # send the odd factors into the row Cr (N² each, not N³)
+        Cr, dA, left = (Cr @ dA if left % 2 else Cr), dA @ dA, left // 2              # (Hk, 1, N), (Hk, N, N)
+    for _ in range(left):                           # the last ≤ 16 factors as row × matrix too: 4 squarings less
+        Cr = Cr @ dA                                                                 # (Hk, 1, N)
+    return torch.complex(Cr[:, 0, :n], -Cr[:, 0, n:])                                # (Hk, N/2), back to pair form
+
+
 def nplr_kernel(Lambda, P, B, C, dt, L):
     """S4 kernel K_l = C Ā^l B̄, l < L, bilinear (S4 §2.3), for A = Λ − PP* over all N modes (S4 §3.3, Alg. 1).
     Lambda, P, B, C: (Hk, N/2) complex; dt: (Hk,) real. Returns K (Hk, L) real, in O(N·L + N³·log L) per channel.
@@ -88,33 +160,30 @@ def nplr_kernel(Lambda, P, B, C, dt, L):
     This is S4's 2/(1+z)·C̃(g(z) − A)⁻¹B, g = (2/Δ)(1−z)/(1+z), multiplied by (1+z): no pole at z = −1 (even L).
     Woodbury with R_n(z) = 1/((2/Δ)(1−z) − (1+z)Λ_n), s = 1 + z and the Cauchy sums k_ab = Σ_{n<N} a_n b_n R_n:
         K̂ = 2·[k_{C̃,B} − s·k_{C̃,P} k_{P*,B} / (1 + s·k_{P*,P})].
-    C is learned; C̃ is computed from it here (Ā^L by repeated squaring), so the step uses C for any L."""
-    N = 2 * Lambda.shape[1]
-    A = torch.diag_embed(full(Lambda)) - full(P)[:, :, None] * full(P).conj()[:, None, :]   # (Hk, N, N) complex
-    I = torch.eye(N, dtype=A.dtype, device=A.device)                                 # (N, N)
-    h = (dt / 2)[:, None, None]                                                      # (Hk, 1, 1)
-    dA = torch.linalg.solve(I - h * A, I + h * A)                                    # (Hk, N, N), bilinear Ā
-    CAL = (full(C)[:, None, :] @ torch.linalg.matrix_power(dA, L))[:, 0]              # (Hk, N), C Ā^L
-    Ct = C - CAL[:, : N // 2]                                                        # (Hk, N/2), C̃
-    k = torch.arange(L // 2 + 1, dtype=dt.dtype, device=dt.device)                   # (L/2+1,)
-    z = torch.polar(torch.ones_like(k), -2 * math.pi * k / L)                        # (L/2+1,) complex, roots of unity
-    a, s = (2 / dt)[:, None, None] * (1 - z), 1 + z                                  # (Hk, 1, L/2+1), (L/2+1,)
-    R = 1 / (a - s * Lambda[:, :, None])                                             # (Hk, N/2, L/2+1), Cauchy
-    Rc = 1 / (a - s * Lambda.conj()[:, :, None])                                     # (Hk, N/2, L/2+1), conjugate half
+    The Cauchy sums without an (N/2, L) Cauchy matrix: R_n(z) = δ_n/(1 − w_n z), with w_n = (1 + ΔΛ_n/2)/(1 − ΔΛ_n/2)
+    and δ_n = 1/(2/Δ − Λ_n); since z^L = 1, 1/(1 − wz) = Σ_{l<L} (wz)^l/(1 − w^L). So k_ab is the DFT of the power sum
+    f_l = Σ_n e_n w_n^l + conjugate half = 2·Re Σ_n e_n w_n^l, e_n = a_n b_n δ_n/(1 − w_n^L): a Vandermonde product
+    and an rfft (|w| < 1 as Re Λ < 0, so 1 − w^L ≠ 0). C is learned; C̃ is computed from it here, so the step uses C."""
+    Ct = C - bilinear_power(Lambda, P, C, dt, L)                                     # (Hk, N/2), C̃
+    x = dt[:, None] * Lambda / 2                                                     # (Hk, N/2), ΔΛ/2
+    log_w = 2 * torch.atanh(x)                      # (Hk, N/2), log w = log((1+x)/(1−x)), accurate for small x too
+    delta = 1 / ((2 / dt)[:, None] - Lambda)                                         # (Hk, N/2)
     num = torch.stack([Ct * B, Ct * P, P.conj() * B, P.conj() * P], 1)               # (Hk, 4, N/2)
-    kCB, kCP, kPB, kPP = (num @ R + num.conj() @ Rc).unbind(1)                       # 4 × (Hk, L/2+1), sums over N
-    Khat = 2 * (kCB - s * kCP * kPB / (1 + s * kPP))                                 # (Hk, L/2+1), Woodbury
+    e = num * (delta / -torch.expm1(L * log_w))[:, None]                             # (Hk, 4, N/2), a·b·δ/(1 − w^L)
+    f = vandermonde(2 * e, log_w, L)                                                 # (Hk, 4, L) real
+    kCB, kCP, kPB, kPP = RFFT.apply(f, L).unbind(1)                                   # 4 × (Hk, L/2+1), sums over N
+    k = torch.arange(L // 2 + 1, dtype=dt.dtype, device=dt.device)                   # (L/2+1,)
+    s = 1 + torch.polar(torch.ones_like(k), -2 * math.pi * k / L)                    # (L/2+1,) complex, 1 + z
+    Khat = 2 * (kCB - s * kCP * kPB * torch.reciprocal(1 + s * kPP))                 # (Hk, L/2+1), Woodbury
     return torch.fft.irfft(Khat, n=L)                                                # (Hk, L)
 
 
 def diag_kernel(Lambda, B, C, dt, L):
     """S4D kernel (S4D §3, ZOH): Ā = exp(ΔΛ), B̄ = (Ā − 1)/Λ·B, K_l = 2·Re Σ_{n<N/2} C_n B̄_n Ā_n^l.
     Lambda, B, C: (Hk, N/2) complex; dt: (Hk,). The 2·Re adds the conjugate half. Returns K (Hk, L) real."""
-    dtA = dt[:, None] * Lambda                                                       # (Hk, N/2)
+    dtA = dt[:, None] * Lambda                                                       # (Hk, N/2), log Ā
     CB = C * (torch.exp(dtA) - 1) / Lambda * B                                       # (Hk, N/2), C·B̄
-    l = torch.arange(L, dtype=dt.dtype, device=dt.device)                            # (L,)
-    V = torch.exp(dtA[:, :, None] * l)                                               # (Hk, N/2, L), Vandermonde Ā^l
-    return 2 * torch.einsum("hn,hnl->hl", CB, V).real                                # (Hk, L)
+    return vandermonde(2 * CB[:, None], dtA, L).squeeze(1)                           # (Hk, L)
 
 
 def fft_conv(u, k):
@@ -125,8 +194,9 @@ def fft_conv(u, k):
     Returns (B, H, L)."""
     L = u.size(-1)
     if k.dim() == 3:                                        # lag −m (m = 1..L) sits at index 2L − m of the period
-        k = F.pad(k[0], (0, L)) + F.pad(k[1].flip(-1), (L, 0))                       # (H, 2L)
-    y = torch.fft.irfft(torch.fft.rfft(u, n=2 * L) * torch.fft.rfft(k, n=2 * L), n=2 * L)   # (B, H, 2L)
+        k0, k1 = k.unbind(0)                                # (H, L) each; unbind, not k[0]: no zero-filled grads
+        k = torch.cat([k0, k1.flip(-1)], -1)                                         # (H, 2L): k⁰, then k¹ reversed
+    y = torch.fft.irfft(RFFT.apply(u, 2 * L) * RFFT.apply(k, 2 * L), n=2 * L)       # (B, H, 2L)
     return y[..., :L]                                                                # (B, H, L)
 
 

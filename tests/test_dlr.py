@@ -29,6 +29,31 @@ def test_dlr_kernel_equals_diagonal_recurrence():
     torch.testing.assert_close(kernel(L), torch.stack(ref, -1), rtol=0, atol=1e-12, msg="DLR kernel != Re W λ^l")
 
 
+def test_dlr_kernel_equals_full_power_table_at_a_length_not_a_multiple_of_the_split():
+    torch.manual_seed(0)
+    kernel, L = double_kernel(d_model=3, d_state=64, bidirectional=True), 1000       # split c = 64: 1000 = 15·64 + 40
+    weight = torch.randn(2, 3, L, dtype=torch.float64)
+    K = kernel(L)
+    ours = torch.autograd.grad((K * weight).sum(), list(kernel.parameters()))
+    log_lambda, W = kernel._params()
+    table = torch.exp(log_lambda[:, :, None] * torch.arange(L, dtype=torch.float64))   # (2, N, L), λ^l
+    ref = (W @ table).real                                                           # (2, H, L)
+    torch.testing.assert_close(K, ref, rtol=0, atol=1e-12, msg="split-powers DLR kernel != Re W λ^l")
+    ref = torch.autograd.grad((ref * weight).sum(), list(kernel.parameters()))
+    for (name, _), a, b in zip(kernel.named_parameters(), ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=f"gradient of {name} != full-table gradient")
+
+
+def test_dlr_kernel_autograd_keeps_no_N_by_L_table():
+    L, N = 4096, 256
+    kernel = DLRKernel(DLRConfig(d_model=4, d_state=N))                # S = 2 directions
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+        K = kernel(L)
+    K.square().sum().backward()
+    assert max(sizes) < 2 * N * L / 8, f"autograd keeps a {max(sizes)}-element tensor: an (S, N, L) table of λ^l?"
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("L", [16, 17])
 def test_dlr_layer_convolution_equals_step_by_step_recurrence(dtype, tol, L):

@@ -4,7 +4,8 @@ import contextlib
 import pytest
 import torch
 
-from s4 import S4, SSM_PARAMS, S4Config, S4Kernel, SSMLayer, fft_conv, full, hippo_legs, nplr_legs, s4d_init
+from s4 import (RFFT, S4, SSM_PARAMS, S4Config, S4Kernel, SSMLayer, bilinear_power, fft_conv, full, hippo_legs, nplr_legs,
+                s4d_init, vandermonde)
 
 
 @contextlib.contextmanager
@@ -237,3 +238,92 @@ def test_s4_maps_tokens_and_floats_to_features(mode):
     floats = S4(S4Config(d_model=8, n_layers=2, d_state=8, mode=mode, d_input=2, bidirectional=False))
     assert tokens(torch.randint(0, 20, (3, 11))).shape == (3, 11, 8)
     assert floats(torch.randn(3, 11, 2)).shape == (3, 11, 8)
+
+
+# ----------------------------------------------------------------------------- the fast kernel pieces
+
+@pytest.mark.parametrize("R,L", [(1, 1000), (3, 1000), (4, 5)])
+def test_vandermonde_split_powers_equal_direct_powers_and_their_gradients(R, L):
+    torch.manual_seed(0)                                               # L = 1000: not a multiple of the split c
+    coef = torch.randn(2, R, 6, dtype=torch.complex128, requires_grad=True)
+    log_w = torch.complex(-torch.rand(2, 6, dtype=torch.float64) / 50, 3 * torch.randn(2, 6, dtype=torch.float64))
+    log_w.requires_grad_()
+    l = torch.arange(L, dtype=torch.float64)
+    direct = (coef @ torch.exp(log_w[:, :, None] * l)).real          # (2, R, L), the full (M, L) table
+    split = vandermonde(coef, log_w, L)
+    torch.testing.assert_close(split, direct, rtol=0, atol=1e-10, msg="split powers != Re Σ coef w^l")
+    weight = torch.randn(2, R, L, dtype=torch.float64)
+    g_direct = torch.autograd.grad((direct * weight).sum(), (coef, log_w))
+    g_split = torch.autograd.grad((split * weight).sum(), (coef, log_w))
+    for a, b in zip(g_split, g_direct):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg="split-powers gradient != direct gradient")
+
+
+@pytest.mark.parametrize("m,n", [(16, 16), (15, 15), (10, 21), (10, 20)])
+def test_rfft_backward_equals_torch_rfft_backward_and_is_dense(m, n):
+    torch.manual_seed(0)                                               # even/odd n, with and without zero-padding
+    x = torch.randn(3, 2, m, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 2, n // 2 + 1, dtype=torch.complex128)
+    torch.testing.assert_close(RFFT.apply(x, n), torch.fft.rfft(x, n=n), msg="RFFT forward != torch.fft.rfft")
+    ours, = torch.autograd.grad(RFFT.apply(x, n), x, g)
+    ref, = torch.autograd.grad(torch.fft.rfft(x, n=n), x, g)
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12, msg="RFFT backward != adjoint of rfft")
+    assert ours.stride(-1) == 1, "gradient should be dense along the last dim (BLAS needs unit stride)"
+
+
+@pytest.mark.parametrize("L", [1, 16, 37, 100])
+def test_bilinear_power_equals_dense_matrix_power(L):
+    torch.manual_seed(0)
+    N = 8
+    Lambda = torch.complex(-torch.rand(2, N // 2, dtype=torch.float64) - 0.1, 3 * torch.randn(2, N // 2, dtype=torch.float64))
+    P, C = torch.randn(2, 2, N // 2, dtype=torch.complex128).unbind(0)
+    dt = torch.tensor([0.01, 0.3], dtype=torch.float64)
+    for h in range(2):
+        A = torch.diag(full(Lambda[h])) - torch.outer(full(P[h]), full(P[h]).conj())  # (N, N) complex, full basis
+        I = torch.eye(N, dtype=A.dtype)
+        dA = torch.linalg.solve(I - dt[h] / 2 * A, I + dt[h] / 2 * A)
+        ref = (full(C[h]) @ torch.linalg.matrix_power(dA, L))[: N // 2]
+        torch.testing.assert_close(bilinear_power(Lambda, P, C, dt, L)[h], ref, rtol=0, atol=1e-10,
+                                   msg=f"channel {h}: Sherman–Morrison + real squaring != C Ā^L")
+
+
+def test_nplr_kernel_gradients_equal_those_of_dense_bilinear_powers():
+    torch.manual_seed(0)
+    N, L = 4, 21
+    with default_dtype(torch.float64):
+        kernel = S4Kernel(S4Config(d_model=2, d_state=N, bidirectional=False))
+    with torch.no_grad():
+        for p in (kernel.Lambda_re, kernel.Lambda_im, kernel.P, kernel.B):
+            p.add_(0.3 * torch.randn_like(p))
+    weight = torch.randn(2, L, dtype=torch.float64)
+    params = list(kernel.parameters())
+    ours = torch.autograd.grad((kernel(L) * weight).sum(), params)
+    Lambda, P, B, C, dt = kernel._params()
+    ref = []
+    for h in range(2):
+        A = torch.diag(full(Lambda[h])) - torch.outer(full(P[h]), full(P[h]).conj())
+        ref.append(bilinear_powers(A, full(B[h]), full(C[h]), dt[h], L).real)
+    ref = torch.autograd.grad((torch.stack(ref) * weight).sum(), params)
+    for (name, _), a, b in zip(kernel.named_parameters(), ours, ref):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-9, msg=f"gradient of {name} != dense-powers gradient")
+
+
+def test_nplr_kernel_in_float32_stays_close_to_float64_at_length_4096():
+    torch.manual_seed(0)                                               # HiPPO N = 64: large Im Λ, the hard case
+    kernel = S4Kernel(S4Config(d_model=2, d_state=64))
+    with torch.no_grad():
+        K32 = kernel(4096)
+        ref = kernel.double()(4096)
+    err = ((K32.double() - ref).abs().max() / ref.abs().max()).item()
+    assert err < 1e-4, f"float32 kernel off by {err:.1e} (relative): powers w^l made in float32 lose ~l·ε of phase"
+
+
+@pytest.mark.parametrize("mode", ["nplr", "diag"])
+def test_kernel_autograd_keeps_no_table_of_modes_by_length(mode):
+    L, N = 4096, 64
+    kernel = S4Kernel(S4Config(d_model=2, d_state=N, mode=mode))       # Hk = 4 SSMs
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+        K = kernel(L)
+    K.square().sum().backward()
+    assert max(sizes) < 4 * (N // 2) * L / 8, f"autograd keeps a {max(sizes)}-element tensor: an (Hk, N/2, L) table?"
