@@ -5,11 +5,14 @@ phase 2:          the same backbone + a fresh pooled classifier head learn the l
     python train.py --model dlr --task pathfinder --spt --preset tiny     # the quick start (under a minute on a CPU)
     python train.py --model dlr --task pathx --spt                        # paper preset on a GPU, tiny on a CPU
     python train.py --resume runs/<run folder>                            # continue a stopped run exactly
-Check: tests/test_train.py (smoke runs of every model with and without --spt, checkpoints, resume, one-batch overfit).
+    torchrun --nproc_per_node=4 train.py --model s4 --task pathx --spt     # DDP: 4 GPUs, --batch-size stays global
+Check: tests/test_train.py (smoke runs of every model with and without --spt, checkpoints, one-batch overfit) and
+tests/test_robustness.py (DDP equals 1 process, exact resume, NaN guard, bad input, --compile, memory).
 """
 import argparse
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -20,8 +23,10 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import denoise
@@ -242,25 +247,47 @@ def save_checkpoint(path, state):
     os.replace(tmp, path)
 
 
-def spt_batch(model, batch, gen, task, objective, ratio):
-    """One denoising batch: corrupt (or shift) the inputs, predict at the selected positions -> (loss, sums)."""
+def shard(n):
+    """(rows, keep): this process's contiguous share of a global batch of n examples (DDP; one process: all of it).
+    Every process reads the whole global batch, so batches and SPT masks are those of a 1-process run. A process left
+    without rows (a last batch smaller than the world) computes row 0 with keep=False, to join the gradient all-reduce."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    start = rank * (n // world) + min(rank, n % world)
+    stop = start + n // world + (rank < n % world)
+    return (slice(start, stop), True) if stop > start else (slice(0, 1), False)
+
+
+def all_sum(sums):
+    """Add up the `sums` dicts (denoise.sums) of all DDP processes: metrics of the whole batch or split, as 1 process."""
+    if not dist.is_initialized():
+        return sums
+    total = torch.tensor([float(v) for v in sums.values()], dtype=torch.float64,   # same keys, same order everywhere
+                         device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(total)
+    return dict(zip(sums, total.tolist()))
+
+
+def spt_batch(model, batch, gen, task, objective, ratio, rows):
+    """One denoising batch, the examples `rows` of it: corrupt (or shift) the inputs, predict at the selected positions
+    -> (loss, sums). Masks are drawn for the whole batch, then cut, so each DDP process masks as one process would."""
     x, lengths, _ = batch                                                # labels are not used in pre-training
     device = next(model.parameters()).device
     x, lengths = x.to(device), lengths.to(device)
-    if lra_data.TASKS[task].pair:
-        x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,): each document on its own
+    if lra_data.TASKS[task].pair:                                        # (2B, L), (2B,): each document on its own
+        x, lengths, rows = x.flatten(0, 1), lengths.flatten(), slice(2 * rows.start, 2 * rows.stop)
     if objective == "masked":
         x_in, target, mask = denoise.corrupt(x, lengths, ratio, gen, task)
     else:
         x_in, target, mask = denoise.next_token(x, lengths, task)
+    x_in, target, mask, lengths = x_in[rows], target[rows], mask[rows], lengths[rows]   # (b, L, ...)
     pred = model(x_in, lengths, mask)                                    # (M, V) or (M, 1)
     target = target[mask]                                                # (M,)
     return denoise.loss(pred, target), denoise.sums(pred.detach(), target)
 
 
-def finetune_batch(model, batch, gen, task):
-    """One classification batch -> (cross-entropy, sums). `gen` is unused (same signature as spt_batch)."""
-    x, lengths, y = batch
+def finetune_batch(model, batch, gen, task, rows=slice(None)):
+    """One classification batch, the examples `rows` of it -> (cross-entropy, sums). `gen` is unused."""
+    x, lengths, y = (t[rows] for t in batch)
     device = next(model.parameters()).device
     x, lengths, y = denoise.model_input(x.to(device), task), lengths.to(device), y.to(device)  # pixels -> (B, L, 2)
     logits = model(x, lengths)                                           # (B, C)
@@ -269,14 +296,17 @@ def finetune_batch(model, batch, gen, task):
 
 @torch.no_grad()
 def evaluate(model, batch_fn, loader, seed, amp):
-    """Metrics over a whole split; SPT masks come from a generator re-seeded every time, so epochs compare alike."""
+    """Metrics over a whole split; SPT masks come from a generator re-seeded every time, so epochs compare alike.
+    DDP: each process scores its rows of every batch and the sums are added up."""
     model.eval()
     gen, total = torch.Generator().manual_seed(seed), {}
     for batch in loader:
+        rows, keep = shard(len(batch[2]))
         with amp():
-            denoise.add(total, batch_fn(model, batch, gen)[1])
+            sums = batch_fn(model, batch, gen, rows=rows)[1]
+        denoise.add(total, sums if keep else dict.fromkeys(sums, 0))
     model.train()
-    return denoise.metrics(total)
+    return denoise.metrics(all_sum(total))
 
 
 def check_finite(loss, model, phase, step):
@@ -296,8 +326,10 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
     the best so far (spt.pt or best.pt) and last.pt, the state to continue from. `resume`: a last.pt of this phase;
     training then continues after its epoch exactly as if never stopped (model, optimiser, schedule, RNG states).
     Returns {"metric": name, "best": value, "epoch": best epoch, "steps": steps, "seconds": wall time}."""
-    start = time.time()
-    forward = torch.compile(model) if args.compile else model            # save `model`: keys without `_orig_mod.`
+    start, device = time.time(), next(model.parameters()).device
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    forward = DDP(model, device_ids=[device] if device.type == "cuda" else None) if world > 1 else model
+    forward = torch.compile(forward) if args.compile else forward       # save `model`: no `module.`, `_orig_mod.`
     ssm_lr = meta["config"].get("ssm_lr", lr)
     opt = torch.optim.AdamW(param_groups(model, lr, args.weight_decay, ssm_lr, ssm_names), betas=(0.9, 0.999))
     steps_per_epoch = math.ceil(len(train_set) / args.batch_size)
@@ -305,7 +337,7 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
     sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(lr_factor, warmup=args.warmup, total=total, schedule=args.schedule))
     order_gen = torch.Generator().manual_seed(args.seed + 1)             # batch order, the same in TFS and SPT runs
     mask_gen = torch.Generator().manual_seed(args.seed + 2)              # SPT masks
-    on_cuda = next(model.parameters()).device.type == "cuda"
+    on_cuda = device.type == "cuda"
     amp = partial(torch.autocast, "cuda", torch.bfloat16) if args.amp and on_cuda else contextlib.nullcontext
     name = "r2" if denoise.n_outputs(args.task) == 1 and phase == "spt" else "acc"
     # Selection: fine-tuning by val accuracy; SPT by val denoising loss, because masked accuracy on Pathfinder sits at
@@ -318,8 +350,8 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
         opt.load_state_dict(resume["optimizer"])
         sched.load_state_dict(resume["scheduler"])
         torch.set_rng_state(resume["rng"]["torch"])
-        if on_cuda:
-            torch.cuda.set_rng_state_all(resume["rng"]["cuda"])
+        if on_cuda and resume["rng"]["cuda"] is not None:                # this GPU's only: the GPU count may change
+            torch.cuda.set_rng_state(resume["rng"]["cuda"], device)
         order_gen.set_state(resume["rng"]["order"])
         mask_gen.set_state(resume["rng"]["mask"])
         best, step, first_epoch, before = resume["best"], resume["step"], resume["epoch"] + 1, resume["seconds"]
@@ -327,25 +359,32 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
     for epoch in range(first_epoch, epochs + 1):
         if step >= total:
             break
-        order = torch.randperm(len(train_set), generator=order_gen).tolist()
+        if rank > 0:                        # own dropout masks per process; rank 0's RNG is the one checkpointed
+            torch.manual_seed(args.seed + 1000 * rank + epoch)
+        order = torch.randperm(len(train_set), generator=order_gen).tolist()      # global batches, on every process
         loader = torch.utils.data.DataLoader(torch.utils.data.Subset(train_set, order), args.batch_size,
                                              collate_fn=lra_data.collate, num_workers=args.workers)
         train = {}
-        bar = tqdm(loader, desc=f"{phase} {epoch}/{epochs}", leave=False, dynamic_ncols=True, mininterval=1.0)
+        bar = tqdm(loader, desc=f"{phase} {epoch}/{epochs}", leave=False, dynamic_ncols=True, mininterval=1.0, disable=rank > 0)
         for batch in bar:
+            rows, keep = shard(len(batch[2]))                            # this process's examples of the batch
             with amp():
-                loss, sums = batch_fn(forward, batch, mask_gen)
+                loss, sums = batch_fn(forward, batch, mask_gen, rows=rows)
+            sums = sums if keep else dict.fromkeys(sums, 0)
+            if world > 1:  # DDP averages the processes' gradients: weigh each one's mean loss by its share of the
+                loss = loss * sums["n"] * world / all_sum({"n": sums["n"]})["n"]   # global count (masks vary)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             check_finite(loss, model, phase, step)
             opt.step()
             sched.step()
             step += 1
-            m = denoise.metrics(denoise.add(train, sums))
+            m = denoise.metrics(denoise.add(train, sums))                # this process's share, for the bar
             bar.set_postfix({"loss": f"{m['loss']:.4f}", name: f"{m[name]:.3f}"})
             if step >= total:
                 break
         bar.close()
+        m = denoise.metrics(all_sum(train))                              # the epoch's training metrics, all processes
         val = evaluate(forward, batch_fn, val_loader, args.seed + 3, amp)
         improved = best["epoch"] == 0 or score(val) > score(best["val"])
         if improved:
@@ -353,17 +392,20 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
         seconds = before + time.time() - start
         state = {**meta, "model": model.state_dict(), "phase": phase, "epoch": epoch, "step": step, "best": best,
                  "seconds": seconds, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                 "rng": {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if on_cuda else [],
+                 "rng": {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if on_cuda else None,
                          "order": order_gen.get_state(), "mask": mask_gen.get_state()}}
-        if improved:
-            save_checkpoint(run_dir / ("spt.pt" if phase == "spt" else "best.pt"), state)
-        save_checkpoint(run_dir / "last.pt", state)                      # written last: resume never misses a best
+        if rank == 0:                                                    # DDP: one writer, the states are equal
+            if improved:
+                save_checkpoint(run_dir / ("spt.pt" if phase == "spt" else "best.pt"), state)
+            save_checkpoint(run_dir / "last.pt", state)                  # written last: resume never misses a best
         lr_now = opt.param_groups[0]["lr"]
-        log({"phase": phase, "epoch": epoch, "step": step, "train_loss": m["loss"], f"train_{name}": m[name],
-             "val_loss": val["loss"], f"val_{name}": val[name], "lr": lr_now, "elapsed_s": seconds},
-            f"eval {phase:8s} epoch {epoch:3d}/{epochs} step {step:6d} | train_loss {m['loss']:.4f} {name} "
+        log(f"eval {phase:8s} epoch {epoch:3d}/{epochs} step {step:6d} | train_loss {m['loss']:.4f} {name} "
             f"{m[name]:.4f} | val_loss {val['loss']:.4f} val_{name} {val[name]:.4f}{' *' if improved else '  '} | "
-            f"lr {lr_now:.1e} | {seconds:.0f} s")
+            f"lr {lr_now:.1e} | {seconds:.0f} s",
+            {"phase": phase, "epoch": epoch, "step": step, "train_loss": m["loss"], f"train_{name}": m[name],
+             "val_loss": val["loss"], f"val_{name}": val[name], "lr": lr_now, "elapsed_s": seconds})
+    if world > 1:
+        dist.barrier()                                                   # the others read spt.pt / best.pt next
     return {"metric": best["name"], "best": best["value"], "epoch": best["epoch"], "val": best["val"], "steps": step,
             "seconds": before + time.time() - start}
 
@@ -398,8 +440,9 @@ def git_commit():
 
 
 def fail(message):
-    """Bad input: one line on stderr and exit status 2, never a traceback."""
-    print(f"train.py: error: {message}", file=sys.stderr)
+    """Bad input: one line on stderr (from rank 0 only, under torchrun) and exit status 2, never a traceback."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"train.py: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -415,7 +458,7 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=None, help="fine-tuning epochs (default: preset)")
     p.add_argument("--pretrain-epochs", type=int, default=None, help="SPT epochs (default: preset)")
     p.add_argument("--max-steps", type=int, default=0, help="stop each phase after this many steps (0: no limit)")
-    p.add_argument("--batch-size", type=int, default=None, help="examples per step (default: preset)")
+    p.add_argument("--batch-size", type=int, default=None, help="examples per step, all processes together (default: preset)")
     p.add_argument("--lr", type=float, default=None, help="fine-tuning learning rate (default: preset)")
     p.add_argument("--pretrain-lr", type=float, default=None, help="SPT learning rate (default: preset)")
     p.add_argument("--ssm-lr", type=float, default=None, help="lr of the SSM parameters, no weight decay (default: the model config's)")
@@ -441,6 +484,7 @@ def main(argv=None):
     p.add_argument("--out", default="runs", help="parent folder of the run folder")
     p.add_argument("--init-from", default=None, help="fine-tune from the backbone of this checkpoint (e.g. an earlier run's spt.pt)")
     p.add_argument("--resume", default=None, help="continue the stopped run in this folder from its last.pt, with its own settings")
+    p.error = lambda message: fail(f"{message} (python train.py --help lists the flags)")   # not the 30-line usage
     args = p.parse_args(argv)
     t_start = time.time()
     resume = None
@@ -480,30 +524,56 @@ def main(argv=None):
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         fail(f"--device {args.device}: no CUDA device is visible to PyTorch; use --device cpu")
-    lines = []
-    def say(line):
+
+    # ---- DDP: torchrun starts WORLD_SIZE copies of this script and sets RANK and LOCAL_RANK in each ------------------
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if args.batch_size % world:
+        fail(f"--batch-size {args.batch_size} is the global batch: it must split evenly over the {world} processes")
+    if world > 1:
+        cuda = device.type == "cuda"
+        if cuda:                                                         # one GPU per process
+            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+        if rank > 0:                                                     # only rank 0 prints, logs and saves
+            sys.stdout = open(os.devnull, "w")
+    lines, run_dir = [], None
+    def log(line, record=None):      # console, log.txt (+ log.jsonl); rank 0 writes, once the run folder exists
         print(line, flush=True)
         lines.append(line)
-    say(f"preset {preset} ({how}); explicit flags override it")
+        if run_dir is None or rank > 0:
+            return
+        with open(run_dir / "log.txt", "a") as f:
+            f.write("".join(f"{line}\n" for line in lines))
+        lines.clear()
+        if record is not None:
+            with open(run_dir / "log.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+    log(f"preset {preset} ({how}); explicit flags override it")
     if args.spt:
         plan = f"SPT {args.objective}{f' (mask ratio {args.mask_ratio})' if args.objective == 'masked' else ''}, then fine-tune"
     else:
         plan = f"fine-tune from {args.init_from}" if args.init_from else "from scratch (TFS)"
-    say(f"run: {args.model} on {args.task} | {plan} | seed {args.seed}")
-    say(f"device {device}{' + bf16 autocast' if args.amp and device.type == 'cuda' else ''}"
-        f"{' + torch.compile' if args.compile else ''} | torch {torch.__version__} | git {git_commit()}")
+    log(f"run: {args.model} on {args.task} | {plan} | seed {args.seed}")
+    log(f"device {device}{f' × {world} processes (DDP)' if world > 1 else ''}"
+        f"{' + bf16 autocast' if args.amp and device.type == 'cuda' else ''}{' + torch.compile' if args.compile else ''}"
+        f" | torch {torch.__version__} | git {git_commit()}")
     if args.amp and device.type != "cuda":
-        say("note: --amp is ignored on CPU (bf16 autocast is for CUDA)")
-    say("settings: " + " ".join(f"{k}={v}" for k, v in vars(args).items()))
+        log("note: --amp is ignored on CPU (bf16 autocast is for CUDA)")
+    log("settings: " + " ".join(f"{k}={v}" for k, v in vars(args).items()))
 
     # ---- data -----------------------------------------------------------------------------------------------------
     t_data = time.time()
+    if rank > 0:
+        dist.barrier()                     # rank 0 generates and caches the data first; the others then only read it
     try:
         splits = {split: lra_data.load(args.task, split, args.data_dir, data_fraction=args.data_fraction if split == "train" else 1.0,
                                        difficulty=args.difficulty, generate=args.generate or None, workers=os.cpu_count() or 1)
                   for split in ("train", "val", "test")}
     except lra_data.DataError as e:
         fail(str(e))
+    if rank == 0 and world > 1:
+        dist.barrier()
     source = getattr(splits["train"], "source", "unknown")
     caps = {"train": args.max_train, "val": args.max_eval, "test": args.max_eval}
     for split, cap in caps.items():
@@ -513,7 +583,7 @@ def main(argv=None):
         if len(splits[split]) == 0:
             fail(f"the {split} split of {args.task} in {args.data_dir} is empty")
     seconds = {"data": time.time() - t_data}
-    say(f"data: {source} | train {len(splits['train']):,} / val {len(splits['val']):,} / test {len(splits['test']):,}"
+    log(f"data: {source} | train {len(splits['train']):,} / val {len(splits['val']):,} / test {len(splits['test']):,}"
         f" | {time.time() - t_data:.1f} s")
     eval_loader = lambda split: torch.utils.data.DataLoader(splits[split], args.batch_size, collate_fn=lra_data.collate, num_workers=args.workers)
 
@@ -530,8 +600,8 @@ def main(argv=None):
     classifier = build_model(meta).to(device)
     n_backbone = sum(p.numel() for p in classifier.backbone.parameters())
     n_head = sum(p.numel() for p in classifier.head.parameters())
-    say(f"model {Model.__name__}({', '.join(f'{k}={v}' for k, v in config.items())})")
-    say(f"params: backbone {n_backbone:,} + classifier head {n_head:,} = {n_backbone + n_head:,}")
+    log(f"model {Model.__name__}({', '.join(f'{k}={v}' for k, v in config.items())})")
+    log(f"params: backbone {n_backbone:,} + classifier head {n_head:,} = {n_backbone + n_head:,}")
 
     init_ck, init_path = None, args.init_from
     if args.init_from and not args.resume:
@@ -540,29 +610,24 @@ def main(argv=None):
         except ValueError as e:
             fail(str(e))
 
-    # ---- run folder ---------------------------------------------------------------------------------------------
+    # ---- run folder (DDP: rank 0 names and writes it; all processes read the checkpoints in it) -------------------
     kind = "spt" if args.spt else ("init" if args.init_from else "tfs")
-    run_dir = Path(args.out) / f"{args.task}-{args.model}-{kind}-s{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder = Path(args.out) / f"{args.task}-{args.model}-{kind}-s{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     suffix = 1
-    while run_dir.exists() and not resume:                              # two runs started in the same second
-        run_dir, suffix = run_dir.with_name(run_dir.name.rsplit("+", 1)[0] + f"+{suffix}"), suffix + 1
+    while folder.exists() and not resume:                               # two runs started in the same second
+        folder, suffix = folder.with_name(folder.name.rsplit("+", 1)[0] + f"+{suffix}"), suffix + 1
+    if world > 1:                                                       # the processes' clocks may be a second apart
+        shared = [folder]
+        dist.broadcast_object_list(shared, src=0)
+        folder = shared[0]
+    if not resume and rank == 0:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(dict(meta, preset=preset, device=str(device), torch=torch.__version__,
+                                                            git=git_commit(), data_source=source, command=sys.argv), indent=2))
+    run_dir = Path(args.resume) if resume else folder                   # log() writes there from now on
     if resume:
-        run_dir = Path(args.resume)
-        say(f"resuming {run_dir} after {resume['phase']} epoch {resume['epoch']} (step {resume['step']})")
-    else:
-        run_dir.mkdir(parents=True)
-        (run_dir / "config.json").write_text(json.dumps(dict(meta, preset=preset, device=str(device), torch=torch.__version__,
-                                                             git=git_commit(), data_source=source, command=sys.argv), indent=2))
-    say(f"run folder: {run_dir}")
-    with open(run_dir / "log.txt", "a") as f:
-        f.write("\n".join(lines) + "\n")
-    def log(record, line):                                              # console + log.txt (+ log.jsonl if a record)
-        print(line, flush=True)
-        with open(run_dir / "log.txt", "a") as f:
-            f.write(line + "\n")
-        if record is not None:
-            with open(run_dir / "log.jsonl", "a") as f:
-                f.write(json.dumps(record) + "\n")
+        log(f"resuming {run_dir} after {resume['phase']} epoch {resume['epoch']} (step {resume['step']})")
+    log(f"run folder: {run_dir}")
 
     # ---- phase 1: self pre-training (spec §1) --------------------------------------------------------------------
     spt, resuming_ft = None, resume is not None and resume["phase"] == "finetune"
@@ -584,7 +649,7 @@ def main(argv=None):
             dropped, new = load_backbone(classifier, init_ck["model"])
         except RuntimeError as e:
             fail(f"loading the backbone: {str(e).splitlines()[0]}")
-        log(None, f"loaded backbone from {init_path} ({init_ck['phase']} epoch {init_ck['epoch']}, {init_ck['best']['name']} "
+        log(f"loaded backbone from {init_path} ({init_ck['phase']} epoch {init_ck['epoch']}, {init_ck['best']['name']} "
             f"{init_ck['best']['value']:.4f}); new: {', '.join(new)}; dropped: {', '.join(dropped)}")
 
     # ---- phase 2: fine-tuning, then test on the best-val checkpoint -------------------------------------------------
@@ -601,13 +666,17 @@ def main(argv=None):
     results = {"test_acc": test["acc"], "test_loss": test["loss"], "best_val_acc": ft["best"], "best_epoch": ft["epoch"],
                "spt_val_metric": spt and {"name": spt["metric"], "value": spt["best"], "epoch": spt["epoch"], **spt["val"]},
                "params": n_backbone + n_head, "wall_time_s": seconds, "data_source": source, "preset": preset,
-               "device": str(device), "run_dir": str(run_dir)}
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+               "device": str(device), "processes": world, "run_dir": str(run_dir)}
+    if rank == 0:
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2))
     spt_text = f" | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items()) if spt else ""
-    log({"phase": "test", "test_acc": test["acc"], "test_loss": test["loss"]},
-        f"test | acc {test['acc']:.4f} | loss {test['loss']:.4f} | best val_acc {ft['best']:.4f} (epoch {ft['epoch']}){spt_text}")
-    log({"phase": "done", "wall_time_s": seconds}, f"done in {seconds['total'] / 60:.1f} min "
-        f"({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items() if k != 'total')}): {run_dir}")
+    log(f"test | acc {test['acc']:.4f} | loss {test['loss']:.4f} | best val_acc {ft['best']:.4f} (epoch {ft['epoch']}){spt_text}",
+        {"phase": "test", "test_acc": test["acc"], "test_loss": test["loss"]})
+    log(f"done in {seconds['total'] / 60:.1f} min ({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items() if k != 'total')}): "
+        f"{run_dir}", {"phase": "done", "wall_time_s": seconds})
+    if world > 1:  # free the DDP wrappers (reference cycles) first: else gloo threads can outlive the group and
+        gc.collect()   # abort the exit (SIGABRT, "terminate called without an active exception"; 1 run in 6 here)
+        dist.destroy_process_group()
     return results
 
 

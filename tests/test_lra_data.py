@@ -180,8 +180,8 @@ def test_pathfinder32_reference_reads_12000_images_split_80_10_10(shared_data, t
     assert [len(d) for d in splits.values()] == [9600, 1200, 1200]
     idx = [set(d.index.tolist()) for d in splits.values()]
     assert set.union(*idx) == set(range(12000)) and sum(map(len, idx)) == 12000, "splits overlap or miss images"
-    pixels = splits["train"].arrays()
-    assert isinstance(pixels, np.memmap) and pixels.shape == (12000, 1024) and str(tmp_path) in str(pixels.filename)
+    pixels = np.load(splits["train"].store / "all.x.npy", mmap_mode="r")   # the uint8 cache, in tmp_path
+    assert pixels.shape == (12000, 1024) and str(tmp_path) in str(splits["train"].store)
     labels = np.concatenate([d.labels for d in splits.values()])
     assert np.bincount(labels).tolist() == [6020, 5980], "labels are not field 4 of the metadata"
     meta = (folder / "metadata" / "0.npy").read_text().splitlines()       # batch 0 comes first in the cache
@@ -192,7 +192,7 @@ def test_pathfinder32_reference_reads_12000_images_split_80_10_10(shared_data, t
         line = (folder / "metadata" / f"{j // 500}.npy").read_text().splitlines()[j % 500].split()
         png = np.asarray(Image.open(folder / line[0] / line[1])).reshape(-1)
         assert x.tolist() == png.tolist() and y == int(line[3])
-    assert splits["train"].source.startswith("official release format")
+    assert splits["train"].source.startswith("release-format files, not generated")
 
 
 def test_pathx_reference_reads_525_images_despite_gaps_in_batch_ids(shared_data, tmp_path):

@@ -1,9 +1,11 @@
 """Facts about train.py: every model trains with and without --spt on generated data, the pre-trained backbone is
-really the one fine-tuned, checkpoints reload exactly, optimiser groups are a partition, bad input exits with status 2."""
+really the one fine-tuned, checkpoints reload exactly, optimiser groups are a partition. Long runs (DDP, resume, NaN
+guard, bad input, --compile, memory): tests/test_robustness.py."""
 import dataclasses
 import json
 import math
 import pickle
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -107,16 +109,6 @@ def test_tiny_causal_spt_run_with_a_causal_model(model, data_dir, tmp_path):
     assert losses[-1] < losses[0], f"{model}: next-token training loss did not drop: {losses}"
 
 
-def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir, tmp_path):
-    with pytest.raises(SystemExit) as e:                 # an absurd fine-tuning lr overflows the weights within steps
-        run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "1", "--epochs", "5",
-            "--lr", "1e30")
-    message = str(e.value.code)
-    assert "finetune step" in message and "non-finite" in message and ("gradient of" in message or "value of" in message), message
-    spt_pt = next(tmp_path.glob("*/spt.pt"))
-    assert all(v.isfinite().all() for v in torch.load(spt_pt, weights_only=True)["model"].values()), "spt.pt was spoiled"
-
-
 def test_fine_tuning_starts_from_the_pre_trained_backbone(data_dir, tmp_path):
     # with lr 0 fine-tuning cannot move a weight, so best.pt's backbone must be exactly spt.pt's backbone
     results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--epochs", "1",
@@ -143,7 +135,7 @@ def test_saved_checkpoint_reloads_to_identical_logits_and_test_accuracy(data_dir
     keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[: ck["args"]["max_eval"]]   # as train.py picks them
     subset = torch.utils.data.Subset(test, keep.sort().values.tolist())
     loader = torch.utils.data.DataLoader(subset, 16, collate_fn=lra_data.collate)
-    acc = train.evaluate(model, lambda m, b, g: train.finetune_batch(m, b, g, "pathfinder"), loader, 0, torch.no_grad)["acc"]
+    acc = train.evaluate(model, partial(train.finetune_batch, task="pathfinder"), loader, 0, torch.no_grad)["acc"]
     assert acc == results["test_acc"], f"reloaded best.pt scores {acc} on test, the run reported {results['test_acc']}"
 
 
@@ -212,75 +204,7 @@ def test_load_backbone_refuses_any_unexpected_difference():
         train.load_backbone(target, {**source, "backbone.extra": torch.zeros(1)})
 
 
-@pytest.mark.parametrize("flags, says", [
-    (["--model", "dlr", "--spt", "--objective", "causal"], "--causal"),
-    (["--mask-ratio", "1.5"], "--mask-ratio"),
-    (["--data-fraction", "0"], "--data-fraction"),
-    (["--init-from", "no/such/file.pt"], "--init-from"),
-])
-def test_bad_input_exits_with_status_2_and_one_line(flags, says, tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        train.main(["--task", "listops", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY, *flags])
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and says in err and len(err.splitlines()) == 1, f"exit {e.value.code}, stderr: {err!r}"
-
-
-def test_missing_data_exits_with_status_2_naming_the_path(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        train.main(["--task", "listops", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path), *TINY, "--generate", "0"])
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "none" in err and len(err.splitlines()) == 1, f"exit {e.value.code}, stderr: {err!r}"
-
-
-@pytest.mark.parametrize("stop_in", ["spt", "finetune"])
-def test_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(stop_in, data_dir, tmp_path, monkeypatch):
-    flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3", "--epochs", "3",
-             "--max-train", "32", "--batch-size", "8", "--dropout", "0.1"]    # 4 steps per epoch; dropout uses the RNG
-    full, full_dir = run(data_dir, tmp_path / "full", *flags)
-    kill_at, calls, check = (6 if stop_in == "spt" else 18), [], train.check_finite   # step 6: SPT epoch 2; 18: FT epoch 2
-    def killed(*a):                                      # the kill_at-th optimiser step dies as a killed job would
-        calls.append(1)
-        if len(calls) == kill_at:
-            raise KeyboardInterrupt
-        return check(*a)
-    monkeypatch.setattr(train, "check_finite", killed)
-    with pytest.raises(KeyboardInterrupt):
-        run(data_dir, tmp_path / "cut", *flags)
-    monkeypatch.setattr(train, "check_finite", check)
-    cut_dir = next((tmp_path / "cut").iterdir())
-    assert torch.load(cut_dir / "last.pt", weights_only=True)["phase"] == stop_in
-    resumed = train.main(["--resume", str(cut_dir)])
-    for key in ("test_acc", "test_loss", "best_val_acc"):
-        assert abs(resumed[key] - full[key]) < 1e-6, f"{key}: resumed {resumed[key]} vs uninterrupted {full[key]}"
-    val = lambda d: {(r["phase"], r.get("epoch")): r.get("val_loss") for r in map(json.loads, (d / "log.jsonl").read_text().splitlines())}
-    for key, loss in val(full_dir).items():
-        if loss is not None:
-            assert abs(val(cut_dir)[key] - loss) < 1e-6, f"val loss at {key} differs after resuming"
-
-
-def test_resume_without_a_checkpoint_exits_with_status_2(tmp_path, capsys):
-    with pytest.raises(SystemExit) as e:
-        train.main(["--resume", str(tmp_path)])
-    assert e.value.code == 2 and "last.pt" in capsys.readouterr().err
-
-
-def test_init_from_fine_tunes_a_saved_backbone_and_refuses_another_models(data_dir, tmp_path, capsys):
+def test_init_from_fine_tunes_a_saved_backbone(data_dir, tmp_path):
     _, first = run(data_dir, tmp_path / "a", "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "1", "--epochs", "1")
     results, again = run(data_dir, tmp_path / "b", "--model", "dlr", "--task", "listops", "--epochs", "1", "--init-from", str(first / "spt.pt"))
     assert "loaded backbone from" in (again / "log.txt").read_text() and again.name.startswith("listops-dlr-init")
-    capsys.readouterr()                                  # drop the progress bars of the two runs above
-    with pytest.raises(SystemExit) as e:
-        run(data_dir, tmp_path / "c", "--model", "s4", "--task", "listops", "--init-from", str(first / "spt.pt"))
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "--init-from" in err and len(err.splitlines()) == 1, err
-
-
-def test_malformed_release_file_exits_with_status_2_naming_file_and_line(tmp_path, capsys):
-    folder = tmp_path / "tsv_data"
-    folder.mkdir()
-    for name in ("train", "eval", "test"):
-        (folder / f"new_aan_pairs.{name}.tsv").write_text("1.0\tid1\tid2\tsome text\tother text\n" + "not a row\n" * (name == "train"))
-    with pytest.raises(SystemExit) as e:
-        train.main(["--task", "retrieval", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY])
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "new_aan_pairs.train.tsv:2" in err and len(err.splitlines()) == 1, err

@@ -1,0 +1,274 @@
+"""Facts about long runs with train.py: 2 DDP processes (torchrun, gloo) train exactly as 1 process; a killed run
+resumes to the same metrics; a non-finite loss stops the run by name; every bad input exits with status 2 and one
+line; --compile never leaks `_orig_mod.` into checkpoints; the FFT stays float32 under bf16 autocast; reading a
+PathX-sized memmap does not pull it into the process's own memory."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import lra_data
+import train
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--preset", "tiny", "--d-model", "16", "--n-layers", "1", "--d-state", "16", "--batch-size", "16",
+        "--max-train", "16", "--max-eval", "8", "--lr", "5e-3", "--pretrain-lr", "5e-3", "--warmup", "1"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()                    # tiny tensors: threads only wait for a busy core
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """ListOps in the release format: 60 / 9 / 9 trees of 30..200 tokens."""
+    root = tmp_path_factory.mktemp("data")
+    lra_data.generate_listops(root, 60, 9, 9, min_length=30, max_length=200)
+    return root
+
+
+def run(data_dir, out, *flags):
+    results = train.main(["--data-dir", str(data_dir), "--out", str(out), *TINY, *flags])
+    return results, Path(results["run_dir"])
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "log.jsonl").read_text().splitlines()]
+
+
+def exits_with_one_line(argv, capsys, says):
+    """train.main(argv) must stop with status 2 and a single 'train.py: error' line on stderr naming `says`."""
+    capsys.readouterr()                                  # drop what earlier runs printed
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert e.value.code == 2 and len(errors) == 1 and says in errors[0] and "Traceback" not in err, \
+        f"exit {e.value.code}, stderr: {err!r}"
+
+
+# ---- DDP ------------------------------------------------------------------------------------------------------------
+
+def test_two_ddp_processes_train_exactly_as_one_process(data_dir, tmp_path):
+    # 17 training examples in batches of 8: the last batch has one example, so one process runs it with weight 0;
+    # 9 val / test examples: the same in evaluation. SPT masks vary per process: the loss weighting must fix that.
+    flags = ["--data-dir", str(data_dir), *TINY, "--model", "dlr", "--task", "listops", "--spt", "--batch-size", "8",
+             "--max-train", "17", "--max-eval", "9", "--pretrain-epochs", "2", "--epochs", "2", "--device", "cpu"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "train.py", "--out", str(tmp_path / "two"), *flags], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**env, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, _ = run(data_dir, tmp_path / "one", *flags)
+    (two_dir,) = (tmp_path / "two").iterdir()            # rank 0 alone made (and named) the run folder
+    assert done.stdout.count("param groups:") == 2, "a process other than rank 0 printed"
+    a, b = records(one["run_dir"])[:-1], records(two_dir)[:-1]   # all but the wall times
+    assert [(r["phase"], r.get("epoch")) for r in a] == [(r["phase"], r.get("epoch")) for r in b]
+    for ra, rb in zip(a, b):
+        for key in ("train_loss", "train_acc", "val_loss", "val_acc", "test_acc", "test_loss"):
+            if key in ra:
+                assert abs(ra[key] - rb[key]) < 1e-4, f"{ra['phase']} epoch {ra.get('epoch')}: {key} 1 process " \
+                                                      f"{ra[key]}, 2 processes {rb[key]}"
+
+
+def test_global_batch_that_does_not_split_over_the_processes_exits_with_status_2(data_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")                # as torchrun --nproc_per_node=3 would; checked before init
+    exits_with_one_line(["--data-dir", str(data_dir), "--out", str(tmp_path), *TINY, "--task", "listops"], capsys, "--batch-size 16")
+
+
+# ---- resume, NaN guard --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stop_in", ["spt", "finetune"])
+def test_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(stop_in, data_dir, tmp_path, monkeypatch):
+    flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3", "--epochs", "3",
+             "--max-train", "32", "--batch-size", "8", "--dropout", "0.1"]    # 4 steps per epoch; dropout uses the RNG
+    full, full_dir = run(data_dir, tmp_path / "full", *flags)
+    kill_at, calls, check = (6 if stop_in == "spt" else 18), [], train.check_finite   # step 6: SPT epoch 2; 18: FT epoch 2
+    def killed(*a):                                      # the kill_at-th optimiser step dies as a killed job would
+        calls.append(1)
+        if len(calls) == kill_at:
+            raise KeyboardInterrupt
+        return check(*a)
+    monkeypatch.setattr(train, "check_finite", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run(data_dir, tmp_path / "cut", *flags)
+    monkeypatch.setattr(train, "check_finite", check)
+    cut_dir = next((tmp_path / "cut").iterdir())
+    assert torch.load(cut_dir / "last.pt", weights_only=True)["phase"] == stop_in
+    resumed = train.main(["--resume", str(cut_dir)])
+    for key in ("test_acc", "test_loss", "best_val_acc"):
+        assert abs(resumed[key] - full[key]) < 1e-6, f"{key}: resumed {resumed[key]} vs uninterrupted {full[key]}"
+    val = lambda d: {(r["phase"], r.get("epoch")): r.get("val_loss") for r in records(d)}
+    for key, loss in val(full_dir).items():
+        if loss is not None:
+            assert abs(val(cut_dir)[key] - loss) < 1e-6, f"val loss at {key} differs after resuming"
+
+
+def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir, tmp_path):
+    with pytest.raises(SystemExit) as e:                 # an absurd fine-tuning lr overflows the weights within steps
+        run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "1", "--epochs", "5",
+            "--lr", "1e30")
+    message = str(e.value.code)
+    assert "finetune step" in message and "non-finite" in message and ("gradient of" in message or "value of" in message), message
+    spt_pt = next(tmp_path.glob("*/spt.pt"))
+    assert all(v.isfinite().all() for v in torch.load(spt_pt, weights_only=True)["model"].values()), "spt.pt was spoiled"
+
+
+# ---- bad input: status 2, one line, no traceback --------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, says", [
+    (["--task", "nope"], "--task"),                                      # unknown task
+    (["--model", "rnn"], "--model"),                                     # unknown model
+    (["--data-fraction", "0"], "--data-fraction"),
+    (["--data-fraction", "1.5"], "--data-fraction"),
+    (["--spt", "--mask-ratio", "0"], "--mask-ratio"),
+    (["--spt", "--mask-ratio", "1"], "--mask-ratio"),
+    (["--model", "dlr", "--spt", "--objective", "causal"], "--causal"),   # causal objective, bidirectional model
+    (["--init-from", "no/such/file.pt"], "--init-from"),
+])
+def test_bad_flag_exits_with_status_2_and_one_line(flags, says, data_dir, tmp_path, capsys):
+    exits_with_one_line(["--task", "listops", "--data-dir", str(data_dir), "--out", str(tmp_path), *TINY, *flags], capsys, says)
+
+
+def test_missing_data_folder_exits_with_status_2_naming_it(tmp_path, capsys):
+    exits_with_one_line(["--task", "listops", "--data-dir", str(tmp_path / "none"), "--out", str(tmp_path), *TINY,
+                         "--generate", "0"], capsys, "none")
+
+
+def test_missing_data_file_exits_with_status_2_naming_it(data_dir, tmp_path, capsys):
+    shutil.copytree(data_dir / "listops-1000", tmp_path / "listops-1000")
+    (tmp_path / "listops-1000" / "basic_test.tsv").unlink()
+    exits_with_one_line(["--task", "listops", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY,
+                         "--generate", "0"], capsys, "basic_test.tsv")
+
+
+def test_corrupt_png_exits_with_status_2_naming_the_image(tmp_path, capsys):
+    folder = lra_data.generate_pathfinder(tmp_path, res=32, n=20, contour_length=14)
+    bad = folder / "imgs" / "0" / "sample_7.png"
+    bad.write_bytes(bad.read_bytes()[:40])               # a truncated download
+    exits_with_one_line(["--task", "pathfinder", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY,
+                         "--generate", "0"], capsys, "sample_7.png")
+
+
+def test_malformed_tsv_row_exits_with_status_2_naming_file_and_line(tmp_path, capsys):
+    folder = tmp_path / "tsv_data"
+    folder.mkdir()
+    for name in ("train", "eval", "test"):
+        (folder / f"new_aan_pairs.{name}.tsv").write_text("1.0\tid1\tid2\tsome text\tother text\n" + "not a row\n" * (name == "train"))
+    exits_with_one_line(["--task", "retrieval", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY], capsys,
+                        "new_aan_pairs.train.tsv:2")
+
+
+def test_empty_split_exits_with_status_2_naming_it(tmp_path, capsys):
+    lra_data.generate_pathfinder(tmp_path, res=32, n=6, contour_length=14)   # 10% of 6 images: no val, no test
+    exits_with_one_line(["--task", "pathfinder", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY,
+                         "--generate", "0"], capsys, "val split")
+
+
+@pytest.fixture(scope="module")
+def spt_checkpoint(data_dir, tmp_path_factory):
+    _, run_dir = run(data_dir, tmp_path_factory.mktemp("spt"), "--model", "dlr", "--task", "listops", "--spt",
+                     "--pretrain-epochs", "1", "--epochs", "1")
+    return run_dir / "spt.pt"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--model", "s4", "--task", "listops"], "dlr checkpoint for listops"),      # another model
+    (["--model", "dlr", "--task", "pathfinder"], "dlr checkpoint for listops"),  # another task
+    (["--model", "dlr", "--task", "listops", "--d-model", "8"], "d_model=16"),  # another shape
+])
+def test_init_from_a_checkpoint_of_another_model_task_or_shape_exits_with_status_2(flags, says, spt_checkpoint, data_dir,
+                                                                                   tmp_path, capsys):
+    exits_with_one_line(["--data-dir", str(data_dir), "--out", str(tmp_path), *TINY, "--init-from", str(spt_checkpoint),
+                         "--generate", "200", *flags], capsys, says)
+
+
+def test_resume_without_a_checkpoint_exits_with_status_2(tmp_path, capsys):
+    exits_with_one_line(["--resume", str(tmp_path)], capsys, "last.pt")
+
+
+# ---- precision and compilation --------------------------------------------------------------------------------------
+
+def test_compiled_run_saves_checkpoints_without_orig_mod_prefixes(data_dir, tmp_path, monkeypatch):
+    # a real OptimizedModule, without the C++ toolchain that the default backend (inductor) needs
+    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))
+    _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--compile",
+                     "--pretrain-epochs", "1", "--epochs", "1")
+    for name in ("spt.pt", "best.pt", "last.pt"):
+        keys = torch.load(run_dir / name, weights_only=True)["model"]
+        bad = [k for k in keys if k.startswith(("_orig_mod.", "module."))]
+        assert keys and not bad, f"{name} carries wrapper prefixes: {bad[:3]}"
+    assert "+ torch.compile" in (run_dir / "log.txt").read_text()
+
+
+def test_fft_convolution_stays_float32_under_bf16_autocast(monkeypatch):
+    # --amp is bf16 autocast on CUDA; CPU autocast takes the same path through s4.SSMLayer (shared with DLR)
+    seen, rfft, irfft = [], torch.fft.rfft, torch.fft.irfft
+    monkeypatch.setattr(torch.fft, "rfft", lambda x, *a, **k: seen.append(x.dtype) or rfft(x, *a, **k))
+    monkeypatch.setattr(torch.fft, "irfft", lambda x, *a, **k: seen.append(x.dtype) or irfft(x, *a, **k))
+    for model in ("s4", "dlr"):
+        Config, Model, _ = train.MODELS[model]
+        net = Model(Config(d_model=16, n_layers=1, d_state=8, vocab_size=19, dropout=0.0))
+        with torch.autocast("cpu", torch.bfloat16):
+            h = net(torch.randint(4, 19, (2, 64)), torch.tensor([64, 40]))          # (B, L, D)
+            assert net.layers[0].out(h).dtype == torch.bfloat16, "autocast was not active: the test proves nothing"
+        assert seen and set(seen) <= {torch.float32, torch.complex64}, f"{model}: FFT inputs in {set(seen)}"
+        assert h.isfinite().all()
+        seen.clear()
+
+
+# ---- memory -----------------------------------------------------------------------------------------------------------
+
+CHILD = textwrap.dedent("""
+    import json, resource, sys
+    import numpy as np, torch
+    import lra_data
+
+    def anon_kb():                # private memory of this process: what a copy of the data set would grow
+        fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+        return int(fields["RssAnon"].split()[0])
+
+    n = 20_000
+    data = lra_data.LRADataset("pathx", sys.argv[1], "all", np.arange(n), "generated for a test")
+    start, peak, seen = anon_kb(), 0, 0
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for x, lengths, y in torch.utils.data.DataLoader(data, 32, collate_fn=lra_data.collate):
+        seen += len(x)
+        peak = max(peak, anon_kb())
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - max_rss
+    print(json.dumps({"seen": seen, "anon_growth_mb": (peak - start) / 1024, "max_rss_growth_mb": grown / 1024}))
+""")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads RssAnon from Linux's /proc")
+def test_iterating_a_pathx_sized_memmap_keeps_it_out_of_process_memory(tmp_path):
+    n, L = 20_000, 16384                                 # PathX val/test size x 128², 328 MB
+    if shutil.disk_usage(tmp_path).free < 2 * n * L:
+        pytest.skip("less than 660 MB free for the 328 MB memmap")
+    x = np.lib.format.open_memmap(tmp_path / "all.x.npy", mode="w+", dtype=np.uint8, shape=(n, L))   # the cache format
+    block = np.random.default_rng(0).integers(0, 256, (1000, L), dtype=np.uint8)         # real pages, not a sparse file
+    for i in range(0, n, 1000):
+        x[i: i + 1000] = block
+    x.flush()
+    del x
+    np.save(tmp_path / "all.y.npy", np.zeros(n, np.int64))
+    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    # Rows are read one at a time, so neither private memory (RssAnon) nor all resident memory (ru_maxrss, which
+    # would count the touched pages of a memmap) grows with the file.
+    assert got["seen"] == n and got["anon_growth_mb"] < 100, f"private memory grew while reading 328 MB: {got}"
+    assert got["max_rss_growth_mb"] < 100, f"resident memory grew while reading 328 MB: {got}"
