@@ -147,6 +147,12 @@ def test_missing_data_folder_exits_with_status_2_naming_it(tmp_path, capsys):
                          "--generate", "0"], capsys, "none")
 
 
+def test_mistyped_data_dir_of_a_synthetic_task_exits_instead_of_generating_there(tmp_path, capsys):
+    exits_with_one_line(["--task", "pathfinder", "--data-dir", str(tmp_path / "pathfinder_rf"), "--out", str(tmp_path),
+                         *TINY], capsys, "pathfinder_rf")
+    assert not (tmp_path / "pathfinder_rf").exists(), "a typo'd --data-dir was created and filled with generated data"
+
+
 def test_missing_data_file_exits_with_status_2_naming_it(data_dir, tmp_path, capsys):
     shutil.copytree(data_dir / "listops-1000", tmp_path / "listops-1000")
     (tmp_path / "listops-1000" / "basic_test.tsv").unlink()
