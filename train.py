@@ -60,7 +60,7 @@ TRANSFORMER_PAPER = {  # rotary, pre-norm; lr = fine-tuning, pretrain_lr = SPT (
     "listops": dict(n_layers=6, d_model=512, n_heads=8, d_ff=2048, lr=1e-4, pretrain_lr=1e-3),
     "text": dict(n_layers=6, d_model=512, n_heads=8, d_ff=2048, lr=5e-4, pretrain_lr=5e-4),
     "retrieval": dict(n_layers=4, d_model=128, n_heads=4, d_ff=512, lr=5e-4, pretrain_lr=5e-3),
-    "image": dict(n_layers=3, d_model=64, n_heads=4, d_ff=256, lr=1e-3, pretrain_lr=1e-3),
+    "image": dict(n_layers=3, d_model=64, n_heads=4, d_ff=128, lr=1e-3, pretrain_lr=1e-3),  # FFN ×2, as the authors' config
     "pathfinder": dict(n_layers=4, d_model=128, n_heads=8, d_ff=128, lr=5e-4, pretrain_lr=1e-3),
     "pathx": dict(n_layers=4, d_model=128, n_heads=4, d_ff=128, block_size=4096, lr=5e-4, pretrain_lr=1e-3),
     "pathx256": dict(n_layers=4, d_model=128, n_heads=4, d_ff=128, block_size=4096, lr=5e-4, pretrain_lr=1e-3),
