@@ -231,15 +231,12 @@ def fit_exponent(rows, name, fit_from):
 
 def train_step(model_name, preset, args):
     """One whole training step (forward, pooled cross-entropy, backward, AdamW) of a train.py preset on random inputs
-    of the task's shape. train.py has no function from (model, task, preset) to a model, so the few lines of its
-    main() that assemble the config are repeated here."""
+    of the task's shape, with the model config train.py's main() builds for that preset."""
     import lra_data
     import train
-    task, (Config, _, ssm_names) = lra_data.TASKS[args.task], train.MODELS[model_name]
+    task, ssm_names = lra_data.TASKS[args.task], train.MODELS[model_name][2]
     values = train.preset_values(preset, model_name, args.task, spt=False)
-    fields = {f.name for f in dataclasses.fields(Config)}
-    cfg = Config(**{k: v for k, v in values.items() if k in fields},
-                 vocab_size=task.vocab_size if task.kind == "tokens" else None, d_input=1 if task.kind == "tokens" else 2)
+    cfg = train.model_config(model_name, args.task, values)
     head = dict(kind="classifier", n_classes=task.n_classes, pool=task.pool, pair=task.pair)
     torch.manual_seed(0)
     model = train.build_model(dict(model_name=model_name, config=dataclasses.asdict(cfg), head=head)).to(args.device)

@@ -132,6 +132,17 @@ def preset_values(preset, model, task, spt):
     return values
 
 
+def model_config(model, task, values, causal=False):
+    """The backbone config of `model` for `task`: the fields of `values` (a preset's, plus explicit flags) that the
+    config class has, the input kind of the task (tokens: vocab_size; pixels: d_input = 2, value + mask indicator),
+    and causal (Transformer) / bidirectional (S4, DLR). Used by main(), bench.py and tests/test_paper_presets.py."""
+    Config, spec = MODELS[model][0], lra_data.TASKS[task]
+    kw = {**values, "vocab_size": spec.vocab_size if spec.kind == "tokens" else None,
+          "d_input": 1 if spec.kind == "tokens" else 2, "causal": causal, "bidirectional": not causal}
+    fields = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: v for k, v in kw.items() if k in fields})
+
+
 def param_groups(model, lr, wd, ssm_lr, ssm_names):
     """AdamW groups: SSM parameters (leaf name in ssm_names) get ssm_lr and no weight decay (spec §3: with the global
     lr and decay, S4 loses a lot of accuracy); norms, biases and embeddings get no weight decay; the rest gets wd.
@@ -596,9 +607,7 @@ def main(argv=None):
     # ---- model --------------------------------------------------------------------------------------------------
     flag_kw = dict(d_model=args.d_model, n_layers=args.n_layers, d_state=args.d_state, dropout=args.dropout, ssm_lr=args.ssm_lr)
     config_kw.update({k: v for k, v in flag_kw.items() if v is not None})
-    config_kw.update(vocab_size=task.vocab_size if task.kind == "tokens" else None, d_input=1 if task.kind == "tokens" else 2)
-    config_kw.update(causal=args.causal, bidirectional=not args.causal)
-    cfg = Config(**{k: v for k, v in config_kw.items() if k in fields})
+    cfg = model_config(args.model, args.task, config_kw, args.causal)
     config = dataclasses.asdict(cfg)
     head = dict(kind="classifier", n_classes=task.n_classes, pool=args.pool, pair=task.pair)
     meta = dict(model_name=args.model, task=args.task, config=config, head=head, args=vars(args))
@@ -675,7 +684,7 @@ def main(argv=None):
                "device": str(device), "processes": world, "run_dir": str(run_dir)}
     if rank == 0:
         (run_dir / "results.json").write_text(json.dumps(results, indent=2))
-    spt_text = f" | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items()) if spt else ""
+    spt_text = " | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items()) if spt else ""
     log(f"test | acc {test['acc']:.4f} | loss {test['loss']:.4f} | best val_acc {ft['best']:.4f} (epoch {ft['epoch']}){spt_text}",
         {"phase": "test", "test_acc": test["acc"], "test_loss": test["loss"]})
     log(f"done in {seconds['total'] / 60:.1f} min ({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items() if k != 'total')}): "

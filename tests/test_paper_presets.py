@@ -42,14 +42,8 @@ def one_thread():
 
 
 def paper_config(model, task):
-    """The model config main() assembles for `--model model --task task --preset paper` (no size flags, not causal).
-    TODO: train.py should expose this (it is inlined in main()); this copy must follow main's assembly."""
-    Config, _, _ = train.MODELS[model]
-    fields, spec = {f.name for f in dataclasses.fields(Config)}, lra_data.TASKS[task]
-    kw = dict(train.preset_values("paper", model, task, spt=False))      # spt changes learning rates only
-    kw.update(vocab_size=spec.vocab_size if spec.kind == "tokens" else None, d_input=1 if spec.kind == "tokens" else 2,
-              causal=False, bidirectional=True)
-    return Config(**{k: v for k, v in kw.items() if k in fields})
+    """The model config of `--model model --task task --preset paper` (no size flags, not causal)."""
+    return train.model_config(model, task, train.preset_values("paper", model, task, spt=False))
 
 
 def paper_classifier(model, task, cfg=None):
