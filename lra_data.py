@@ -730,8 +730,9 @@ class LRADataset(torch.utils.data.Dataset):
     """Examples `index` of one cached part; item = (x, label). Files are opened lazily in each process; pixel rows
     are read one by one, so a PathX-sized cache never enters memory."""
 
-    def __init__(self, task, store, part, index, source):
+    def __init__(self, task, store, part, index, source, max_len=None):
         self.task, self.store, self.part, self.index, self.source = task, Path(store), part, index, source
+        self.max_len = max_len                   # token tasks: keep the first max_len - 1 ids + EOS of each document
         self.labels = np.load(self.store / f"{part}.y.npy")[index]      # (n,) int64, for label balance / checks
         self._arrays = None
 
@@ -762,6 +763,8 @@ class LRADataset(torch.utils.data.Dataset):
         ids, off = self.arrays()
         docs = [torch.from_numpy(ids[off[d]: off[d + 1]].astype(np.int64))
                 for d in ((2 * j, 2 * j + 1) if TASKS[self.task].pair else (j,))]
+        if self.max_len:
+            docs = [torch.cat([d[: self.max_len - 1], d.new_tensor([EOS])]) if len(d) > self.max_len else d for d in docs]
         if len(docs) == 1:
             return docs[0], y                                                    # (L,) int64
         return torch.nn.utils.rnn.pad_sequence(docs, batch_first=True, padding_value=PAD), y   # (2, L_pair)
@@ -867,16 +870,22 @@ def _split(task, split, sizes, lra_val):
 
 
 def load(task, split, data_dir="data", *, data_fraction=1.0, seed=0, lra_val=False, difficulty="hard",
-         cache_dir=None, generate=None, workers=1):
+         cache_dir=None, generate=None, workers=1, max_len=None):
     """Dataset of (x, label) for one split of an LRA task, read through the cache (built on first use).
 
     data_fraction keeps a prefix of one permutation (fixed by `seed`) of the training split, so smaller
     subsets nest in larger ones; val/test never change. lra_val (text, image): validate on the test set
     and train on all of train, as LRA did; the other tasks have their own validation split.
     difficulty picks the Pathfinder/PathX folder; generate=N makes N examples of a synthetic task if missing.
+    max_len (text, retrieval; >= 2) cuts each document to its first max_len - 1 bytes + EOS, below LRA's 4096/4000,
+    for CPU-sized runs. ListOps cannot be cut (the answer needs the whole expression): generate shorter ones instead.
+    Raises DataError for bad arguments or missing files.
     """
     if task not in TASKS:
         raise DataError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+    if max_len is not None and (task not in ("text", "retrieval") or max_len < 2):
+        raise DataError(f"max_len={max_len}: only text and retrieval documents can be cut, to at least 2 tokens "
+                        f"(ListOps: generate shorter expressions; pixel tasks have a fixed length)")
     if (split not in ("train", "val", "test") or difficulty not in DIFFICULTY or not 0 < data_fraction <= 1
             or (generate is not None and generate < 10)):
         raise DataError(f"bad arguments split={split!r} (train/val/test), difficulty={difficulty!r} "
@@ -892,7 +901,7 @@ def load(task, split, data_dir="data", *, data_fraction=1.0, seed=0, lra_val=Fal
     if split == "train" and data_fraction < 1:
         keep = torch.randperm(len(index), generator=torch.Generator().manual_seed(seed))[: max(1, round(data_fraction * len(index)))]
         index = index[np.sort(keep.numpy())]
-    return LRADataset(task, store, part, index, source)
+    return LRADataset(task, store, part, index, source, max_len)
 
 
 def main(argv=None):

@@ -378,7 +378,7 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
         order = torch.randperm(len(train_set), generator=order_gen).tolist()      # global batches, on every process
         loader = torch.utils.data.DataLoader(torch.utils.data.Subset(train_set, order), args.batch_size,
                                              collate_fn=lra_data.collate, num_workers=args.workers)
-        train = {}
+        train = {} if (epoch - 1) % args.eval_every == 0 else train
         bar = tqdm(loader, desc=f"{phase} {epoch}/{epochs}", leave=False, dynamic_ncols=True, mininterval=1.0, disable=rank > 0)
         for batch in bar:
             rows, keep = shard(len(batch[2]))                            # this process's examples of the batch
@@ -398,7 +398,9 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
             if step >= total:
                 break
         bar.close()
-        m = denoise.metrics(all_sum(train))                              # the epoch's training metrics, all processes
+        if epoch % args.eval_every and epoch < epochs and step < total:  # evaluate (and checkpoint) every k-th epoch
+            continue                                                     # and after the last
+        m = denoise.metrics(all_sum(train))                              # training metrics since the last evaluation
         val = evaluate(forward, batch_fn, val_loader, args.seed + 3, amp)
         improved = best["epoch"] == 0 or score(val) > score(best["val"])
         if improved:
@@ -471,6 +473,8 @@ def main(argv=None):
     p.add_argument("--preset", choices=["tiny", "small", "paper"], default=None, help="sizes and budget (default: paper with CUDA, else tiny)")
     p.add_argument("--epochs", type=int, default=None, help="fine-tuning epochs (default: preset)")
     p.add_argument("--pretrain-epochs", type=int, default=None, help="SPT epochs (default: preset)")
+    p.add_argument("--eval-every", type=int, default=1, help="evaluate on val and checkpoint every this many epochs "
+                   "(and after the last); more than 1 keeps tiny training sets from spending their time on val")
     p.add_argument("--max-steps", type=int, default=0, help="stop each phase after this many steps (0: no limit)")
     p.add_argument("--batch-size", type=int, default=None, help="examples per step, all processes together (default: preset)")
     p.add_argument("--lr", type=float, default=None, help="fine-tuning learning rate (default: preset)")
@@ -488,6 +492,8 @@ def main(argv=None):
     p.add_argument("--difficulty", choices=["easy", "intermediate", "hard"], default="hard", help="Pathfinder/PathX contour length 6, 9 or 14")
     p.add_argument("--generate", type=int, default=None, help="examples to generate when ListOps/Pathfinder/PathX files are absent, 0: never (default: preset)")
     p.add_argument("--data-fraction", type=float, default=1.0, help="use this fraction of the train split (nested prefixes)")
+    p.add_argument("--max-len", type=int, default=None, help="text, retrieval: cut each document to this many tokens, "
+                   "EOS included (default: LRA's 4096 / 4000)")
     p.add_argument("--max-train", type=int, default=None, help="use at most this many training examples, 0: all (default: preset)")
     p.add_argument("--max-eval", type=int, default=None, help="use at most this many val and test examples, 0: all (default: preset)")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
@@ -535,6 +541,11 @@ def main(argv=None):
         fail(f"--init-from {args.init_from}: no such checkpoint file")
     if min(args.epochs, args.pretrain_epochs if args.spt else 1) < 1:
         fail("--epochs and --pretrain-epochs must be at least 1")
+    if args.eval_every < 1:
+        fail(f"--eval-every {args.eval_every} must be at least 1 (epochs between evaluations)")
+    if args.max_len is not None and (args.task not in ("text", "retrieval") or args.max_len < 2):
+        fail(f"--max-len {args.max_len}: only text and retrieval documents can be cut, to 2 tokens or more "
+             f"(ListOps answers need the whole expression; pixel tasks have a fixed length)")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         fail(f"--device {args.device}: no CUDA device is visible to PyTorch; use --device cpu")
@@ -585,7 +596,8 @@ def main(argv=None):
         dist.barrier()                     # rank 0 generates and caches the data first; the others then only read it
     try:
         splits = {split: lra_data.load(args.task, split, args.data_dir, data_fraction=args.data_fraction if split == "train" else 1.0,
-                                       difficulty=args.difficulty, generate=args.generate or None, workers=os.cpu_count() or 1)
+                                       difficulty=args.difficulty, generate=args.generate or None, workers=os.cpu_count() or 1,
+                                       max_len=args.max_len)
                   for split in ("train", "val", "test")}
     except lra_data.DataError as e:
         fail(str(e))

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# results/study.sh: the CPU-scale study (README "CPU-scale study"): TFS vs masked SPT for the Transformer, S4 and DLR
+# on Text (real IMDB) and short generated ListOps, 3 seeds per cell, and a data-fraction sweep on Text for S4 and the
+# Transformer. About 3 CPU-hours; runs JOBS training processes at a time, one core each.
+#     SHARED=../shared/data DATA=/tmp/study_data OUT=results/study JOBS=2 bash results/study.sh
+#     python results/kernels.py results/study        # kernel profiles of the S4/DLR SPT runs -> kernels.json
+#     python results/summarize.py                    # results/summary.md and the plots
+# Every run folder gets config.json, log.jsonl, log.txt and results.json; checkpoints are deleted by kernels.py --clean.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SHARED=${SHARED:-../shared/data}; DATA=${DATA:-/tmp/study_data}; OUT=${OUT:-results/study}; JOBS=${JOBS:-2}
+mkdir -p "$DATA" "$OUT"
+
+# ListOps: LRA's generator with shorter expressions (20 < length < 100, like the original ListOps, median 46 tokens)
+# instead of LRA's 500..2000: at LRA length a CPU-sized model stays at the majority class for the whole budget.
+if [ ! -f "$DATA/listops/listops-1000/basic_test.tsv" ]; then
+    python -c "import lra_data; lra_data.generate_listops('$DATA/listops', 20000, 1000, 1000, seed=0, min_length=20, max_length=100)"
+fi
+
+# One setting for every model: width 64, 2 layers (N = 64), batch 16, AdamW lr 2e-3 (SSM parameters 1e-3), 4,000
+# training examples; fine-tuning 1,250 steps, SPT 750 steps before it; val (500 examples) every 250 steps.
+COMMON="--preset tiny --d-model 64 --n-layers 2 --batch-size 16 --max-eval 500 --device cpu --out $OUT"
+TEXT="--task text --data-dir $SHARED/text --max-len 512"        # IMDB reviews cut to 511 bytes + EOS
+LISTOPS="--task listops --data-dir $DATA/listops"
+# --max-train N --epochs E --pretrain-epochs P --eval-every K --max-steps S: 1,250 fine-tuning / ~750 SPT steps
+FULL="--max-train 4000 --epochs 5 --pretrain-epochs 3"                          # 250 steps an epoch
+F20="--max-train 800 --epochs 25 --pretrain-epochs 15 --eval-every 5"           # 0.2 of it: 50 steps an epoch
+F05="--max-train 200 --epochs 97 --pretrain-epochs 58 --eval-every 19 --max-steps 1250"  # 0.05: 13 steps an epoch
+
+commands() {
+    for seed in 0 1 2; do
+        for model in transformer s4 dlr; do
+            for spt in "" "--spt"; do
+                echo "python train.py --model $model $spt --seed $seed $COMMON $TEXT $FULL"
+                echo "python train.py --model $model $spt --seed $seed $COMMON $LISTOPS $FULL"
+            done
+        done
+    done
+    for seed in 0 1 2; do
+        for model in transformer s4; do
+            for spt in "" "--spt"; do
+                echo "python train.py --model $model $spt --seed $seed $COMMON $TEXT $F20"
+                echo "python train.py --model $model $spt --seed $seed $COMMON $TEXT $F05"
+            done
+        done
+    done
+}
+
+export OMP_NUM_THREADS=1
+commands | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1 || echo "failed: {}"'
