@@ -336,9 +336,10 @@ def check_finite(loss, model, phase, step):
 
 
 def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, ssm_names, run_dir, meta, log, resume=None):
-    """Train for `epochs` epochs (AdamW, warm-up schedule), evaluate on val after each, and write two checkpoints:
-    the best so far (spt.pt or best.pt) and last.pt, the state to continue from. `resume`: a last.pt of this phase;
-    training then continues after its epoch exactly as if never stopped (model, optimiser, schedule, RNG states).
+    """Train for `epochs` epochs (AdamW, warm-up schedule); after every args.eval_every-th epoch and the last, evaluate
+    on val and write two checkpoints: the best so far (spt.pt or best.pt) and last.pt, the state to continue from.
+    `resume`: a last.pt of this phase; training then continues after its epoch exactly as if never stopped (model,
+    optimiser, schedule, RNG states).
     Returns {"metric": name, "best": value, "epoch": best epoch, "steps": steps, "seconds": wall time}."""
     start, device = time.time(), next(model.parameters()).device
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
@@ -370,6 +371,7 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
         mask_gen.set_state(resume["rng"]["mask"])
         best, step, first_epoch, before = resume["best"], resume["step"], resume["epoch"] + 1, resume["seconds"]
     model.train()
+    train = {}                                                           # training-metric sums since the last evaluation
     for epoch in range(first_epoch, epochs + 1):
         if step >= total:
             break
@@ -378,7 +380,6 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
         order = torch.randperm(len(train_set), generator=order_gen).tolist()      # global batches, on every process
         loader = torch.utils.data.DataLoader(torch.utils.data.Subset(train_set, order), args.batch_size,
                                              collate_fn=lra_data.collate, num_workers=args.workers)
-        train = {} if (epoch - 1) % args.eval_every == 0 else train
         bar = tqdm(loader, desc=f"{phase} {epoch}/{epochs}", leave=False, dynamic_ncols=True, mininterval=1.0, disable=rank > 0)
         for batch in bar:
             rows, keep = shard(len(batch[2]))                            # this process's examples of the batch
@@ -401,6 +402,7 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
         if epoch % args.eval_every and epoch < epochs and step < total:  # evaluate (and checkpoint) every k-th epoch
             continue                                                     # and after the last
         m = denoise.metrics(all_sum(train))                              # training metrics since the last evaluation
+        train = {}
         val = evaluate(forward, batch_fn, val_loader, args.seed + 3, amp)
         improved = best["epoch"] == 0 or score(val) > score(best["val"])
         if improved:
@@ -474,7 +476,8 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=None, help="fine-tuning epochs (default: preset)")
     p.add_argument("--pretrain-epochs", type=int, default=None, help="SPT epochs (default: preset)")
     p.add_argument("--eval-every", type=int, default=1, help="evaluate on val and checkpoint every this many epochs "
-                   "(and after the last); more than 1 keeps tiny training sets from spending their time on val")
+                   "and after the last (--resume continues from the last evaluation); >1 keeps tiny training sets from "
+                   "spending their time on val")
     p.add_argument("--max-steps", type=int, default=0, help="stop each phase after this many steps (0: no limit)")
     p.add_argument("--batch-size", type=int, default=None, help="examples per step, all processes together (default: preset)")
     p.add_argument("--lr", type=float, default=None, help="fine-tuning learning rate (default: preset)")
@@ -512,7 +515,8 @@ def main(argv=None):
         if not (Path(args.resume) / "last.pt").is_file():
             fail(f"--resume {args.resume}: no last.pt in that folder (a run writes it at its first evaluation)")
         resume = torch.load(Path(args.resume) / "last.pt", map_location="cpu", weights_only=True)
-        args = argparse.Namespace(**{**resume["args"], "resume": args.resume, "device": args.device})
+        defaults = vars(p.parse_args([]))                                # flags newer than the checkpoint: defaults
+        args = argparse.Namespace(**{**defaults, **resume["args"], "resume": args.resume, "device": args.device})
 
     # ---- settings: preset first, then explicit flags win ------------------------------------------------------------
     how = "given" if args.preset else ("default: CUDA found" if torch.cuda.is_available() else "default: no CUDA, the CPU preset")
@@ -543,8 +547,8 @@ def main(argv=None):
         fail("--epochs and --pretrain-epochs must be at least 1")
     if args.eval_every < 1:
         fail(f"--eval-every {args.eval_every} must be at least 1 (epochs between evaluations)")
-    if args.max_len is not None and (args.task not in ("text", "retrieval") or args.max_len < 2):
-        fail(f"--max-len {args.max_len}: only text and retrieval documents can be cut, to 2 tokens or more "
+    if args.max_len is not None and (args.task not in ("text", "retrieval") or not 2 <= args.max_len <= task.max_len):
+        fail(f"--max-len {args.max_len}: only text and retrieval documents can be cut, to 2..{task.max_len} tokens "
              f"(ListOps answers need the whole expression; pixel tasks have a fixed length)")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -692,7 +696,7 @@ def main(argv=None):
     seconds["total"] = time.time() - t_start
     results = {"test_acc": test["acc"], "test_loss": test["loss"], "best_val_acc": ft["best"], "best_epoch": ft["epoch"],
                "spt_val_metric": spt and {"name": spt["metric"], "value": spt["best"], "epoch": spt["epoch"], **spt["val"]},
-               "params": n_backbone + n_head, "wall_time_s": seconds, "data_source": source, "preset": preset,
+               "params": n_backbone + n_head, "n_train": len(splits["train"]), "wall_time_s": seconds, "data_source": source, "preset": preset,
                "device": str(device), "processes": world, "run_dir": str(run_dir)}
     if rank == 0:
         (run_dir / "results.json").write_text(json.dumps(results, indent=2))

@@ -3,9 +3,9 @@
 # on Text (real IMDB) and short generated ListOps, 3 seeds per cell, and a data-fraction sweep on Text for S4 and the
 # Transformer. About 3 CPU-hours; runs JOBS training processes at a time, one core each.
 #     SHARED=../shared/data DATA=/tmp/study_data OUT=results/study JOBS=2 bash results/study.sh
-#     python results/kernels.py results/study        # kernel profiles of the S4/DLR SPT runs -> kernels.json
-#     python results/summarize.py                    # results/summary.md and the plots
-# Every run folder gets config.json, log.jsonl, log.txt and results.json; checkpoints are deleted by kernels.py --clean.
+#     python results/summarize.py                    # results/summary.md and the plots, from results/study
+# Every run folder keeps config.json, log.jsonl, log.txt and results.json (+ kernels.json for S4/DLR on Text); the
+# checkpoints are deleted at the end (results/kernels.py --clean) so the folders are small enough to commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED=${SHARED:-../shared/data}; DATA=${DATA:-/tmp/study_data}; OUT=${OUT:-results/study}; JOBS=${JOBS:-2}
@@ -17,7 +17,8 @@ if [ ! -f "$DATA/listops/listops-1000/basic_test.tsv" ]; then
     python -c "import lra_data; lra_data.generate_listops('$DATA/listops', 20000, 1000, 1000, seed=0, min_length=20, max_length=100)"
 fi
 
-# One setting for every model: width 64, 2 layers (N = 64), batch 16, AdamW lr 2e-3 (SSM parameters 1e-3), 4,000
+# One setting for every model: width 64, 2 layers (N = 64), batch 16, AdamW lr 2e-3 (SSM parameters at the model's own
+# lr, no decay: S4 1e-3, DLR 1e-4), warm-up 20 steps, then constant; 4,000
 # training examples; fine-tuning 1,250 steps, SPT 750 steps before it; val (500 examples) every 250 steps.
 COMMON="--preset tiny --d-model 64 --n-layers 2 --batch-size 16 --max-eval 500 --device cpu --out $OUT"
 TEXT="--task text --data-dir $SHARED/text --max-len 512"        # IMDB reviews cut to 511 bytes + EOS
@@ -46,5 +47,7 @@ commands() {
     done
 }
 
-export OMP_NUM_THREADS=1
-commands | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1 || echo "failed: {}"'
+export OMP_NUM_THREADS=1             # one core per process: two small processes beat one with two threads here
+# each run's own log is log.txt in its folder; the console output (progress bars) is kept only when the run fails
+commands | xargs -P "$JOBS" -I{} sh -c 'out=$(mktemp); {} > "$out" 2>&1 || { echo "failed: {}"; tail -n 3 "$out"; }; rm -f "$out"'
+python results/kernels.py "$OUT" --task text --clean      # kernel profiles of the S4/DLR Text runs; drop checkpoints

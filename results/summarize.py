@@ -1,15 +1,20 @@
 """summarize.py: rebuild results/summary.md and the plots from the run folders that train.py wrote.
-Each run folder holds config.json (settings, command, commit), log.jsonl (one record per evaluation) and results.json
-(test accuracy of the best-validation checkpoint). Runs are grouped into cells: model x task x setting x TFS/SPT; a
-cell's seeds give mean ± std (sample std, ddof 1). "Optimisation speed" (paper Fig. 5) is the first fine-tuning step
-at which validation accuracy exceeds chance + 5 points ("never" if it does not within the budget); val is measured
-once per epoch, so it is a step at an epoch end.
+Each run folder holds config.json (settings, command, commit), log.jsonl (one record per evaluation), log.txt and
+results.json (test accuracy of the best-validation checkpoint); S4/DLR folders may hold kernels.json (results/kernels.py).
+Runs are grouped into cells: task x setting x training examples x model x TFS/SPT; a cell's seeds give mean ± std
+(sample std, ddof 1). "Optimisation speed" (paper Fig. 5) is the first fine-tuning step at which validation accuracy
+exceeds chance (1 / classes) + 5 points ("never" if it does not within the budget), read at the run's evaluations
+(every --eval-every epochs), so its resolution is the spacing of those.
+Plots: val accuracy over fine-tuning steps (per task, setting and training-set size), test accuracy against the number
+of training examples (where a cell was run at several sizes), and the kernel picture (paper Fig. 4) from kernels.json.
     python results/summarize.py                                   # results/study -> results/summary.md + results/*.png
     python results/summarize.py --runs results/explore --out results/explore --title "Exploratory runs"
-The output depends only on the run folders (sorted, no dates), so running it twice gives identical files.
+The output depends only on the run folders (sorted, no dates), so running it twice gives identical files; summary.md
+is the same whether or not matplotlib (optional, for the plots) is installed.
 """
 import argparse
 import json
+import re
 import statistics
 import textwrap
 from collections import defaultdict
@@ -28,19 +33,34 @@ def read_run(folder):
     a, c = config["args"], config["config"]
     chance = 1 / config["head"]["n_classes"]
     curve = [(r["step"], r["val_acc"]) for r in records if r.get("phase") == "finetune"]  # [(step, val acc)]
-    setting = [f"{a['difficulty']}" if a["task"].startswith("path") else None,
-               f"D{c['d_model']}x{c['n_layers']}", f"lr {a['lr']:g}", f"ssm lr {c['ssm_lr']:g}", f"batch {a['batch_size']}",
-               f"train {a['max_train'] or 'all'}", f"frac {a['data_fraction']:g}" if a["data_fraction"] != 1 else None,
-               f"{a['epochs']} ep", f"eval {a['max_eval'] or 'all'}"]
-    spt = f"SPT ({a['pretrain_epochs']} ep, mask {a['mask_ratio']:g}, lr {a['pretrain_lr']:g})" if a["spt"] else "TFS"
     spt_records = [r for r in records if r.get("phase") == "spt"]
-    return dict(name=folder.name, model=config["model_name"], task=config["task"], seed=a["seed"], spt=spt,
-                setting=" · ".join(s for s in setting if s), fraction=a["data_fraction"], chance=chance, curve=curve,
+    n_train = results.get("n_train") or n_train_from_log(folder)
+    # the setting leaves out the training-set size (its own column) and the epochs (the step budget says it all)
+    setting = [f"{a['difficulty']}" if a["task"].startswith("path") else None,
+               f"L ≤ {a['max_len']}" if a.get("max_len") else None,
+               f"D{c['d_model']}x{c['n_layers']}", "causal" if a.get("causal") else None, f"lr {a['lr']:g}", f"batch {a['batch_size']}",
+               f"{curve[-1][0]} steps" if curve else None, f"eval {a['max_eval'] or 'all'}"]
+    objective = f"mask {a['mask_ratio']:g}" if a.get("objective", "masked") == "masked" else a["objective"]
+    spt = (f"SPT ({spt_records[-1]['step']} steps, {objective}, lr {a['pretrain_lr']:g})" if a["spt"] and spt_records
+           else f"from {Path(a['init_from']).name}" if a.get("init_from") else "TFS")
+    kernels = json.loads((folder / "kernels.json").read_text()) if (folder / "kernels.json").is_file() else None
+    # model-specific knobs go with the model's name, so the models of one setting share its plots
+    model = config["model_name"] + (f" (N{c['d_state']}, ssm lr {c['ssm_lr']:g})" if "d_state" in c else "")
+    return dict(name=folder.name, model=model, task=config["task"], seed=a["seed"], spt=spt,
+                setting=" · ".join(s for s in setting if s), n_train=n_train, chance=chance, curve=curve,
                 test=results["test_acc"], best_val=results["best_val_acc"], params=results["params"],
                 seconds=results["wall_time_s"]["total"], git=config.get("git", "?"), torch=config.get("torch", "?"),
                 device=config.get("device", "?"), command="python " + " ".join(config.get("command", [])),
                 spt_loss=(spt_records[0]["val_loss"], spt_records[-1]["val_loss"]) if spt_records else None,
-                speed=next((step for step, acc in curve if acc > chance + MARGIN), None))
+                speed=next((step for step, acc in curve if acc > chance + MARGIN), None), kernels=kernels)
+
+
+def n_train_from_log(folder):
+    """Training examples of a run whose results.json predates its "n_train" entry: log.txt's "data: ..." line."""
+    found = re.search(r"\| train ([\d,]+) /", (folder / "log.txt").read_text()) if (folder / "log.txt").is_file() else None
+    if not found:
+        raise SystemExit(f"summarize.py: {folder}: no n_train in results.json and no 'data: ... | train N /' line in log.txt")
+    return int(found.group(1).replace(",", ""))
 
 
 def mean_std(values, scale=100, digits=1):
@@ -52,38 +72,44 @@ def mean_std(values, scale=100, digits=1):
 
 
 def cells_of(runs):
-    """{(task, setting, model, spt): [runs sorted by seed]}, keys sorted (TFS first)."""
+    """{(task, setting, n_train, model, spt): [runs sorted by seed]}, keys sorted (largest training set first, TFS
+    before SPT)."""
     cells = defaultdict(list)
     for r in runs:
-        cells[(r["task"], r["setting"], r["model"], r["spt"])].append(r)
-    order = sorted(cells, key=lambda k: (k[0], k[1], k[2], k[3] != "TFS", k[3]))    # TFS row before its SPT rows
+        cells[(r["task"], r["setting"], r["n_train"], r["model"], r["spt"])].append(r)
+    order = sorted(cells, key=lambda k: (k[0], k[1], -k[2], k[3], k[4] != "TFS", k[4]))
     return {k: sorted(cells[k], key=lambda r: (r["seed"], r["name"])) for k in order}
 
 
 def table(cells):
-    rows = ["| model | task | setting | SPT | seeds | test acc % | best val acc % | first step > chance + 5 (per seed) "
-            "| SPT val loss first → last | params | wall time / run | git | hardware + torch |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for (task, setting, model, spt), rs in cells.items():
+    rows = ["| model | task | setting | train examples | SPT | seeds | test acc % | best val acc % | first step > chance + 5 "
+            "(per seed) | SPT val loss first → last | params | wall time / run | git | hardware + torch |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (task, setting, n_train, model, spt), rs in cells.items():
         speed = " / ".join(str(r["speed"]) if r["speed"] is not None else "never" for r in rs)
         spt_loss = " / ".join(f"{r['spt_loss'][0]:.3f} → {r['spt_loss'][1]:.3f}" for r in rs) if rs[0]["spt_loss"] else "—"
         wall = statistics.mean(r["seconds"] for r in rs)
         gits = ", ".join(sorted({r["git"] for r in rs}))
         hw = ", ".join(sorted({f"{r['device']} + torch {r['torch']}" for r in rs}))
-        rows.append(f"| {model} | {task} | {setting} | {spt} | {', '.join(str(r['seed']) for r in rs)} | "
+        rows.append(f"| {model} | {task} | {setting} | {n_train:,} | {spt} | {', '.join(str(r['seed']) for r in rs)} | "
                     f"{mean_std([r['test'] for r in rs])} | {mean_std([r['best_val'] for r in rs])} | {speed} | "
                     f"{spt_loss} | {rs[0]['params']:,} | {wall / 60:.1f} min | {gits} | {hw} |")
     return rows
 
 
 def plot_curves(cells, out, plt):
-    """One figure per (task, setting): a panel per model, val accuracy over fine-tuning steps, TFS vs SPT, one thin
-    line per seed and the seed mean bold (where the seeds share their evaluation steps). -> list of file names."""
+    """One figure per (task, setting, training-set size): a panel per model, val accuracy over fine-tuning steps, TFS
+    vs SPT, one thin line per seed and the seed mean bold (where the seeds share their evaluation steps).
+    Draws only if plt (matplotlib.pyplot) is given; returns [(file name, caption)] either way."""
     groups = defaultdict(dict)
-    for (task, setting, model, spt), rs in cells.items():
-        groups[(task, setting)].setdefault(model, {})[spt] = rs
+    for (task, setting, n_train, model, spt), rs in cells.items():
+        groups[(task, setting, n_train)].setdefault(model, {})[spt] = rs
     files = []
-    for i, ((task, setting), models) in enumerate(sorted(groups.items())):
+    for i, ((task, setting, n_train), models) in enumerate(sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[0][2]))):
+        name = f"val_acc_{task}_{i}.png"
+        files.append((name, f"{task}, {n_train:,} training examples: {setting}"))
+        if plt is None:
+            continue
         fig, axes = plt.subplots(1, len(models), figsize=(max(5.5, 4.2 * len(models)), 3.8), squeeze=False, sharey=True)
         for ax, model in zip(axes[0], sorted(models)):
             for spt, rs in sorted(models[model].items(), key=lambda kv: kv[0] != "TFS"):
@@ -97,49 +123,94 @@ def plot_curves(cells, out, plt):
             ax.axhline(rs[0]["chance"], color="grey", ls=":", lw=1)
             ax.axhline(rs[0]["chance"] + MARGIN, color="grey", ls="--", lw=0.8)
             ax.set_title(f"{model} on {task}", fontsize=10)
-            ax.set_ylim(min(0.4, ax.get_ylim()[0]), max(0.75, ax.get_ylim()[1]))
             ax.set_xlabel("fine-tuning step")
             ax.legend(fontsize=8, loc="upper left")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("val accuracy")
-        fig.suptitle(textwrap.fill(setting + "  (dotted: chance; dashed: chance + 5)", 90), fontsize=8)
+        fig.suptitle(textwrap.fill(f"{n_train:,} training examples · {setting}  (dotted: chance; dashed: chance + 5)", 90), fontsize=8)
         fig.tight_layout()
-        name = f"val_acc_{task}_{i}.png"
         fig.savefig(out / name, dpi=110, metadata={"Software": None})
         plt.close(fig)
-        files.append((name, task, setting))
     return files
 
 
-def plot_fractions(cells, out, plt):
-    """Test accuracy vs data fraction, TFS vs SPT, per (task, model), if runs at more than one fraction exist."""
-    points = defaultdict(lambda: defaultdict(list))     # (task, model, setting without frac) -> spt -> [(frac, acc)]
-    for (task, setting, model, spt), rs in cells.items():
-        base = " · ".join(s for s in setting.split(" · ") if not s.startswith("frac "))
-        for r in rs:
-            points[(task, model, base)][spt.split(" (")[0]].append((r["fraction"], r["test"]))
+def plot_sizes(cells, out, plt):
+    """Test accuracy against the number of training examples, TFS vs SPT, one panel per model, for each (task,
+    setting) run at more than one training-set size (the paper's data-fraction study). -> [(file name, caption)]."""
+    points = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # (task, setting) -> model -> spt -> [(n, acc)]
+    for (task, setting, n_train, model, spt), rs in cells.items():
+        points[(task, setting)][model][spt.split(" (")[0]] += [(n_train, r["test"]) for r in rs]
     files = []
-    for i, ((task, model, base), by_spt) in enumerate(sorted(points.items())):
-        if len({f for pts in by_spt.values() for f, _ in pts}) < 2:
+    for i, ((task, setting), models) in enumerate(sorted(points.items())):
+        models = {m: by for m, by in models.items() if len({n for pts in by.values() for n, _ in pts}) > 1}
+        if not models:
             continue
-        fig, ax = plt.subplots(figsize=(4.5, 3.4))
-        for spt, pts in sorted(by_spt.items()):
-            fracs = sorted({f for f, _ in pts})
-            ax.errorbar(fracs, [statistics.mean(a for f, a in pts if f == x) for x in fracs],
-                        [statistics.stdev(a) if len(a := [a for f, a in pts if f == x]) > 1 else 0 for x in fracs],
-                        marker="o", capsize=3, label=spt, color="tab:blue" if spt == "TFS" else "tab:red")
-        ax.set_xscale("log")
-        ax.set_xlabel("fraction of the train split")
-        ax.set_ylabel("test accuracy")
-        ax.set_title(f"{model} on {task}", fontsize=10)
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.suptitle(textwrap.fill(base, 70), fontsize=7)
+        name = f"train_size_{task}_{i}.png"
+        files.append((name, f"{task}: test accuracy against training examples, {setting}"))
+        if plt is None:
+            continue
+        fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False, sharey=True)
+        for ax, model in zip(axes[0], sorted(models)):
+            for spt, pts in sorted(models[model].items()):
+                sizes = sorted({n for n, _ in pts})
+                accs = [[a for n, a in pts if n == x] for x in sizes]
+                ax.errorbar(sizes, [statistics.mean(a) for a in accs], [statistics.stdev(a) if len(a) > 1 else 0 for a in accs],
+                            marker="o", capsize=3, label=spt, color="tab:blue" if spt == "TFS" else "tab:red")
+            ax.set_xscale("log")
+            ax.set_xlabel("training examples")
+            ax.set_title(f"{model} on {task}", fontsize=10)
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("test accuracy (mean ± std over seeds)")
+        fig.suptitle(textwrap.fill(setting, 90), fontsize=7)
         fig.tight_layout()
-        name = f"data_fraction_{task}_{model}_{i}.png"
         fig.savefig(out / name, dpi=110, metadata={"Software": None})
         plt.close(fig)
-        files.append((name, task, base))
+    return files
+
+
+def plot_kernels(runs, out, plt):
+    """The paper's Figure 4 per (task, setting): max over channels of |K[l]| against l, per S4/DLR layer (mean over
+    seeds, log scale), at init, after SPT, after fine-tuning from SPT and after training from scratch; runs with
+    kernels.json, the largest training set of each. -> [(file name, caption)]."""
+    largest = defaultdict(int)
+    for r in runs:
+        if r["kernels"]:
+            largest[(r["task"], r["setting"])] = max(largest[(r["task"], r["setting"])], r["n_train"])
+    groups = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))   # (task, setting) -> model -> stage -> {seed: profile}
+    for r in runs:
+        if not r["kernels"] or r["n_train"] != largest[(r["task"], r["setting"])]:
+            continue
+        stages, spt, stage = r["kernels"]["stages"], r["kernels"]["spt"], groups[(r["task"], r["setting"])][r["model"]]
+        stage["init"][r["seed"]] = stages["init"]                     # TFS and SPT runs of a seed share their init
+        if spt:
+            stage["after SPT"][r["seed"]] = stages["spt"]
+        stage["fine-tuned from SPT" if spt else "trained from scratch"][r["seed"]] = stages["finetune"]
+    files, colors = [], {"init": "grey", "after SPT": "tab:orange", "fine-tuned from SPT": "tab:red", "trained from scratch": "tab:blue"}
+    for i, ((task, setting), models) in enumerate(sorted(groups.items())):
+        name = f"kernels_{task}_{i}.png"
+        files.append((name, f"{task}: max over channels of |K[l]| per layer (paper Fig. 4), {setting}"))
+        if plt is None:
+            continue
+        n_layers = max(len(p) for stages in models.values() for by_seed in stages.values() for p in by_seed.values())
+        fig, axes = plt.subplots(len(models), n_layers, figsize=(4 * n_layers, 2.9 * len(models)), squeeze=False)
+        for row, model in zip(axes, sorted(models)):
+            for j, ax in enumerate(row):
+                for stage, color in colors.items():
+                    profiles = [p[j] for _, p in sorted(models[model].get(stage, {}).items()) if j < len(p)]
+                    if profiles:
+                        curve = [statistics.mean(p[l] for p in profiles) for l in range(len(profiles[0]))]
+                        ax.plot(curve, color=color, lw=1, label=f"{stage} (n={len(profiles)})")
+                ax.set_yscale("log")
+                ax.set_title(f"{model} on {task}, layer {j + 1}", fontsize=9)
+                ax.set_xlabel("lag l")
+                ax.grid(alpha=0.3)
+            row[0].set_ylabel("max over channels |K[l]|")
+        axes[0][-1].legend(fontsize=7)
+        fig.suptitle(textwrap.fill(setting, 100), fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110, metadata={"Software": None})
+        plt.close(fig)
     return files
 
 
@@ -151,30 +222,32 @@ def main(argv=None):
     p.add_argument("--title", default="Results: self pre-training (SPT) vs training from scratch (TFS)", help="heading of summary.md")
     args = p.parse_args(argv)
     runs_dir, out = Path(args.runs), Path(args.out)
+    if not runs_dir.is_dir():
+        raise SystemExit(f"summarize.py: --runs {runs_dir}: no such folder (it should hold train.py run folders)")
     folders = sorted(f for f in runs_dir.iterdir() if (f / "config.json").is_file())
     runs = [r for r in map(read_run, folders) if r]
     unfinished = [f.name for f in folders if not (f / "results.json").is_file()]
     cells = cells_of(runs)
-    for old in [*out.glob("val_acc_*.png"), *out.glob("data_fraction_*.png")]:   # plots of an earlier set of runs
+    for old in [*out.glob("val_acc_*.png"), *out.glob("data_fraction_*.png"), *out.glob("train_size_*.png"),
+                *out.glob("kernels_*.png")]:                              # plots of an earlier set of runs
         old.unlink()
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        figures = plot_curves(cells, out, plt) + plot_fractions(cells, out, plt)
     except ImportError:
-        figures = None
+        plt = None
+        print("matplotlib is not installed: summary.md written, plots skipped (pip install matplotlib)")
+    figures = plot_curves(cells, out, plt) + plot_sizes(cells, out, plt) + plot_kernels(runs, out, plt)
     lines = [f"# {args.title}", "",
              f"Generated by `python results/summarize.py --runs {runs_dir.name} ...` from {len(runs)} finished run folders "
              f"in `{runs_dir.name}/` (each: config.json with the command and commit, log.jsonl, log.txt, results.json). "
              "Test accuracy is that of the best-validation checkpoint. mean ± std over seeds (sample std). "
-             f"'first step > chance + 5': the first fine-tuning step (val is measured at epoch ends) at which val accuracy "
+             f"'first step > chance + 5': the first fine-tuning step (val is measured at each evaluation) at which val accuracy "
              f"exceeded chance + {MARGIN * 100:.0f} points, per seed. Wall time: whole run (SPT + fine-tuning + test).", ""]
     lines += table(cells) + [""]
-    if figures is None:
-        lines += ["(plots skipped: matplotlib is not installed)", ""]
-    for name, task, setting in figures or []:
-        lines += [f"![{task}: {setting}]({name})", ""]
+    for name, caption in figures:
+        lines += [f"![{caption}]({name})", ""]
     if unfinished:
         lines += ["Unfinished runs (no results.json: stopped before the end), not counted in the table:", ""]
         for u in unfinished:
@@ -191,7 +264,7 @@ def main(argv=None):
         lines += [f"- `{r['name']}`: test {r['test'] * 100:.1f}%, best val {r['best_val'] * 100:.1f}%, "
                   f"{r['seconds'] / 60:.1f} min, git {r['git']}  ", f"  `{r['command']}`"]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / 'summary.md'} ({len(runs)} runs, {len(cells)} cells) and {len(figures or [])} plots")
+    print(f"wrote {out / 'summary.md'} ({len(runs)} runs, {len(cells)} cells) and {len(figures) if plt else 0} plots")
 
 
 if __name__ == "__main__":

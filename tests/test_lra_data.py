@@ -261,6 +261,21 @@ def test_retrieval_reads_release_tsv_and_collates_pairs(tmp_path):
     assert x[1, 0, :3].tolist() == [0xC3 + 4, 0xA9 + 4, EOS], "utf-8 bytes of é"
 
 
+def test_max_len_cuts_documents_to_max_len_with_eos_and_refuses_listops(tmp_path):
+    folder = tmp_path / "tsv_data"
+    folder.mkdir()
+    rows = [("1", "a", "b", "x" * 50, "short"), ("0", "c", "d", "hello", "y" * 9)]
+    for name in ("train", "eval", "test"):
+        (folder / f"new_aan_pairs.{name}.tsv").write_text("".join("\t".join(r) + "\n" for r in rows))
+    ds = load("retrieval", "train", tmp_path, cache_dir=tmp_path / "c", max_len=8)
+    x0, x1 = ds[0][0], ds[1][0]
+    assert x0.shape == (2, 8) and x0[0].tolist() == [ord("x") + 4] * 7 + [EOS], "cut to 7 bytes + EOS"
+    assert x0[1, :6].tolist() == [b + 4 for b in b"short"] + [EOS], "a short document is left as it was"
+    assert x1[1].tolist() == [ord("y") + 4] * 7 + [EOS]
+    with pytest.raises(DataError, match="max_len"):
+        load("listops", "train", tmp_path, max_len=8)
+
+
 def test_data_fraction_subsets_nest_and_leave_val_and_test_alone(shared_data, tmp_path):
     root = shared_file(shared_data, "text/aclImdb_sample")
     sets = [set(load("text", "train", root, data_fraction=f, cache_dir=tmp_path).index.tolist()) for f in (0.1, 0.5, 1.0)]

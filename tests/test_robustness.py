@@ -137,6 +137,8 @@ def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir,
     (["--spt", "--mask-ratio", "1"], "--mask-ratio"),
     (["--model", "dlr", "--spt", "--objective", "causal"], "--causal"),   # causal objective, bidirectional model
     (["--init-from", "no/such/file.pt"], "--init-from"),
+    (["--eval-every", "0"], "--eval-every"),
+    (["--max-len", "64"], "--max-len"),                                  # ListOps cannot be cut
 ])
 def test_bad_flag_exits_with_status_2_and_one_line(flags, says, data_dir, tmp_path, capsys):
     exits_with_one_line(["--task", "listops", "--data-dir", str(data_dir), "--out", str(tmp_path), *TINY, *flags], capsys, says)

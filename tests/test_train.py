@@ -208,3 +208,11 @@ def test_init_from_fine_tunes_a_saved_backbone(data_dir, tmp_path):
     _, first = run(data_dir, tmp_path / "a", "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "1", "--epochs", "1")
     results, again = run(data_dir, tmp_path / "b", "--model", "dlr", "--task", "listops", "--epochs", "1", "--init-from", str(first / "spt.pt"))
     assert "loaded backbone from" in (again / "log.txt").read_text() and again.name.startswith("listops-dlr-init")
+
+
+def test_eval_every_evaluates_every_kth_epoch_and_after_the_last(data_dir, tmp_path):
+    results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "5", "--eval-every", "2")
+    records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if r["phase"] == "finetune"] == [2, 4, 5]
+    assert [r["step"] for r in records if r["phase"] == "finetune"] == [2, 4, 5], "16 examples = one step an epoch"
+    assert (run_dir / "best.pt").is_file() and results["best_epoch"] in (2, 4, 5)
