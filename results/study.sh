@@ -28,6 +28,15 @@ FULL="--max-train 4000 --epochs 5 --pretrain-epochs 3"                          
 F20="--max-train 800 --epochs 25 --pretrain-epochs 15 --eval-every 5"           # 0.2 of it: 50 steps an epoch
 F05="--max-train 200 --epochs 97 --pretrain-epochs 58 --eval-every 19 --max-steps 1250"  # 0.05: 13 steps an epoch
 
+# Pathfinder: the common setting stays at chance (results/explore, and the first slice in results/study), so one
+# longer pair instead of a grid: DLR (the fastest here), 4 layers, 20,000 generated *easy* images (contour length 6),
+# SSM lr 1e-3, 6,250 fine-tuning steps (5 epochs), SPT 1,250 steps (1 epoch); seed 0 only.
+PATHFINDER="--task pathfinder --difficulty easy --data-dir $DATA/pathfinder --generate 0 --max-train 0 --n-layers 4 --ssm-lr 1e-3 --epochs 5 --pretrain-epochs 1"
+if [ ! -d "$DATA/pathfinder/pathfinder32/curv_baseline" ]; then
+    mkdir -p "$DATA/pathfinder"
+    python lra_data.py --task pathfinder --difficulty easy --data-dir "$DATA/pathfinder" --generate 25000 --workers "$JOBS"
+fi
+
 commands() {
     for seed in 0 1 2; do
         for model in transformer s4 dlr; do
@@ -37,6 +46,8 @@ commands() {
             done
         done
     done
+    echo "python train.py --model dlr --seed 0 $COMMON $PATHFINDER"
+    echo "python train.py --model dlr --spt --seed 0 $COMMON $PATHFINDER"
     for seed in 0 1 2; do
         for model in transformer s4; do
             for spt in "" "--spt"; do
