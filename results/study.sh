@@ -30,8 +30,8 @@ F05="--max-train 200 --epochs 97 --pretrain-epochs 58 --eval-every 19 --max-step
 
 # Pathfinder: the common setting stays at chance (results/explore, and the first slice in results/study), so one
 # longer pair instead of a grid: DLR (the fastest here), 4 layers, 20,000 generated *easy* images (contour length 6),
-# SSM lr 1e-3, 6,250 fine-tuning steps (5 epochs), SPT 1,250 steps (1 epoch); seed 0 only.
-PATHFINDER="--task pathfinder --difficulty easy --data-dir $DATA/pathfinder --generate 0 --max-train 0 --n-layers 4 --ssm-lr 1e-3 --epochs 5 --pretrain-epochs 1"
+# SSM lr 1e-3, 3,750 fine-tuning steps (3 epochs), SPT 1,250 steps (1 epoch); seed 0 only.
+PATHFINDER="--task pathfinder --difficulty easy --data-dir $DATA/pathfinder --generate 0 --max-train 0 --n-layers 4 --ssm-lr 1e-3 --epochs 3 --pretrain-epochs 1"
 if [ ! -d "$DATA/pathfinder/pathfinder32/curv_baseline" ]; then
     mkdir -p "$DATA/pathfinder"
     python lra_data.py --task pathfinder --difficulty easy --data-dir "$DATA/pathfinder" --generate 25000 --workers "$JOBS"
@@ -44,6 +44,12 @@ commands() {
                 echo "python train.py --model $model $spt --seed $seed $COMMON $TEXT $FULL"
                 echo "python train.py --model $model $spt --seed $seed $COMMON $LISTOPS $FULL"
             done
+        done
+    done
+    for seed in 0 1 2; do   # ListOps: SPT did not beat TFS above; try 5x longer SPT, and mask ratio 0.3 (the cheap models)
+        for model in transformer dlr; do
+            echo "python train.py --model $model --spt --seed $seed $COMMON $LISTOPS --max-train 4000 --epochs 5 --pretrain-epochs 15"
+            echo "python train.py --model $model --spt --seed $seed $COMMON $LISTOPS $FULL --mask-ratio 0.3"
         done
     done
     echo "python train.py --model dlr --seed 0 $COMMON $PATHFINDER"

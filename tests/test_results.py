@@ -65,3 +65,10 @@ def test_kernel_profile_at_init_is_the_model_train_py_started_from(model, tmp_pa
     assert k["L"] == L and sorted(k["stages"]) == ["finetune", "init", "spt"]
     assert [len(p) for p in k["stages"]["init"]] == [L, L] and min(k["stages"]["init"][0]) > 0
     assert k["stages"]["spt"] == k["stages"]["init"] == k["stages"]["finetune"]
+
+
+def test_readme_shows_the_at_a_glance_table_of_the_summary():
+    summary = (RESULTS / "summary.md").read_text().split("## At a glance")[1].split("\n## ")[0]
+    rows = [line for line in summary.splitlines() if line.startswith("| ")]
+    readme = (RESULTS.parent / "README.md").read_text()
+    assert len(rows) > 2 and all(row in readme for row in rows), "README's study table differs from results/summary.md"
