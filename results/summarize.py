@@ -141,21 +141,25 @@ def plot_curves(cells, out, plt):
     for (task, setting, n_train, model, spt), rs in cells.items():
         groups[(task, setting, n_train)].setdefault(model, {})[spt] = rs
     files = []
-    for i, ((task, setting, n_train), models) in enumerate(sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[0][2]))):
-        name = f"val_acc_{task}_{i}.png"
+    count = defaultdict(int)                                                # plots so far per task: file names
+    for (task, setting, n_train), models in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[0][2])):
+        name, count[task] = f"val_acc_{task}_{count[task]}.png", count[task] + 1
         files.append((name, f"{task}, {n_train:,} training examples: {setting}"))
         if plt is None:
             continue
         fig, axes = plt.subplots(1, len(models), figsize=(max(5.5, 4.2 * len(models)), 3.8), squeeze=False, sharey=True)
         for ax, model in zip(axes[0], sorted(models)):
-            for spt, rs in sorted(models[model].items(), key=lambda kv: kv[0] != "TFS"):
-                color, style = ("tab:blue", dict(ls="-", marker="s", ms=5)) if spt == "TFS" else ("tab:red", dict(ls="--", marker="o", ms=3))
+            variants = sorted(models[model].items(), key=lambda kv: (kv[0] != "TFS", -len(kv[1]), kv[0]))
+            for k, (spt, rs) in enumerate(variants):        # TFS blue; SPT red, further SPT variants other colours
+                color = ["tab:blue", "tab:red", "tab:orange", "tab:purple", "tab:green"][min(k, 4) if variants[0][0] == "TFS" else min(k + 1, 4)]
+                style = dict(ls="-", marker="s", ms=5) if spt == "TFS" else dict(ls="--", marker="o", ms=3)
                 for r in rs:
                     ax.plot(*zip(*r["curve"]), color=color, alpha=0.3, lw=0.8)
                 steps = [s for s, _ in rs[0]["curve"]]
                 if all([s for s, _ in r["curve"]] == steps for r in rs):
                     mean = [statistics.mean(r["curve"][j][1] for r in rs) for j in range(len(steps))]
-                    ax.plot(steps, mean, color=color, lw=2, **style, label=f"{spt.split(' (')[0]} (n={len(rs)})")
+                    ax.plot(steps, mean, color=color, lw=2, **style, label=f"{spt} (n={len(rs)})" if len(variants) > 2
+                            else f"{spt.split(' (')[0]} (n={len(rs)})")
             ax.axhline(rs[0]["chance"], color="grey", ls=":", lw=1)
             ax.axhline(rs[0]["chance"] + MARGIN, color="grey", ls="--", lw=0.8)
             ax.set_title(f"{model} on {task}", fontsize=10)
@@ -176,12 +180,12 @@ def plot_sizes(cells, out, plt):
     points = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # (task, setting) -> model -> spt -> [(n, acc)]
     for (task, setting, n_train, model, spt), rs in cells.items():
         points[(task, setting)][model][spt.split(" (")[0]] += [(n_train, r["test"]) for r in rs]
-    files = []
-    for i, ((task, setting), models) in enumerate(sorted(points.items())):
+    files, count = [], defaultdict(int)
+    for (task, setting), models in sorted(points.items()):
         models = {m: by for m, by in models.items() if len({n for pts in by.values() for n, _ in pts}) > 1}
         if not models:
             continue
-        name = f"train_size_{task}_{i}.png"
+        name, count[task] = f"train_size_{task}_{count[task]}.png", count[task] + 1
         files.append((name, f"{task}: test accuracy against training examples, {setting}"))
         if plt is None:
             continue
@@ -223,8 +227,9 @@ def plot_kernels(runs, out, plt):
             stage["after SPT"][r["seed"]] = stages["spt"]
         stage["fine-tuned from SPT" if spt else "trained from scratch"][r["seed"]] = stages["finetune"]
     files, colors = [], {"init": "grey", "after SPT": "tab:orange", "fine-tuned from SPT": "tab:red", "trained from scratch": "tab:blue"}
-    for i, ((task, setting), models) in enumerate(sorted(groups.items())):
-        name = f"kernels_{task}_{i}.png"
+    count = defaultdict(int)
+    for (task, setting), models in sorted(groups.items()):
+        name, count[task] = f"kernels_{task}_{count[task]}.png", count[task] + 1
         files.append((name, f"{task}: max over channels of |K[l]| per layer (paper Fig. 4), {setting}"))
         if plt is None:
             continue
