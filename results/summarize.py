@@ -39,7 +39,7 @@ def read_run(folder):
     setting = [f"{a['difficulty']}" if a["task"].startswith("path") else None,
                f"L ≤ {a['max_len']}" if a.get("max_len") else None,
                f"D{c['d_model']}x{c['n_layers']}", "causal" if a.get("causal") else None, f"lr {a['lr']:g}", f"batch {a['batch_size']}",
-               f"{curve[-1][0]} steps" if curve else None, f"eval {a['max_eval'] or 'all'}"]
+               f"{curve[-1][0]} steps" if curve else None, f"val/test {a['max_eval'] or 'all'}"]
     objective = f"mask {a['mask_ratio']:g}" if a.get("objective", "masked") == "masked" else a["objective"]
     spt = (f"SPT ({spt_records[-1]['step']} steps, {objective}, lr {a['pretrain_lr']:g})" if a["spt"] and spt_records
            else f"from {Path(a['init_from']).name}" if a.get("init_from") else "TFS")
@@ -167,7 +167,7 @@ def plot_curves(cells, out, plt):
             ax.legend(fontsize=8, loc="upper left")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("val accuracy")
-        fig.suptitle(textwrap.fill(f"{n_train:,} training examples · {setting}  (dotted: chance; dashed: chance + 5)", 90), fontsize=8)
+        fig.suptitle(textwrap.fill(f"{n_train:,} training examples · {setting}  (bold: seed mean; thin: single seeds; dotted: chance; dashed: chance + 5)", 100), fontsize=8)
         fig.tight_layout()
         fig.savefig(out / name, dpi=110, metadata={"Software": None})
         plt.close(fig)
@@ -197,6 +197,9 @@ def plot_sizes(cells, out, plt):
                 ax.errorbar(sizes, [statistics.mean(a) for a in accs], [statistics.stdev(a) if len(a) > 1 else 0 for a in accs],
                             marker="o", capsize=3, label=spt, color="tab:blue" if spt == "TFS" else "tab:red")
             ax.set_xscale("log")
+            ticks = sorted({n for pts in models[model].values() for n, _ in pts})
+            ax.set_xticks(ticks, [f"{x:,}" for x in ticks])      # the sizes run, not log-scale tick clutter
+            ax.minorticks_off()
             ax.set_xlabel("training examples")
             ax.set_title(f"{model} on {task}", fontsize=10)
             ax.legend(fontsize=8)
