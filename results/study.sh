@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # results/study.sh: the CPU-scale study (README "CPU-scale study"): TFS vs masked SPT for the Transformer, S4 and DLR
-# on Text (real IMDB) and short generated ListOps, 3 seeds per cell, and a data-fraction sweep on Text for S4 and the
-# Transformer. About 3 CPU-hours; runs JOBS training processes at a time, one core each.
+# on Text (real IMDB) and short generated ListOps, 3 seeds per cell; ListOps SPT variants; a longer Pathfinder pair;
+# a training-set-size sweep on Text for S4 and the Transformer. About 4 CPU-hours (results/study holds 0.6 more from
+# an earlier Pathfinder slice); runs JOBS training processes at a time, one core each.
 #     SHARED=../shared/data DATA=/tmp/study_data OUT=results/study JOBS=2 bash results/study.sh
 #     python results/summarize.py                    # results/summary.md and the plots, from results/study
 # Every run folder keeps config.json, log.jsonl, log.txt and results.json (+ kernels.json for S4/DLR on Text); the
