@@ -81,11 +81,13 @@ def loss(pred, target):
     return F.cross_entropy(pred.float(), target)
 
 
-def sums(pred, target):
+def sums(pred, target, mean_loss=None):
     """Additive statistics of one batch, so metrics over many batches are exact: n, summed loss, and either
-    correct predictions (classes) or the sums that R² needs (values). pred/target as in `loss`."""
+    correct predictions (classes) or the sums that R² needs (values). pred/target as in `loss`; mean_loss: the
+    batch's `loss(pred, target)` if the caller has it already (saves computing it twice)."""
     n = target.numel()
-    out = {"n": n, "loss": loss(pred, target).item() * n}
+    mean_loss = loss(pred, target) if mean_loss is None else mean_loss
+    out = {"n": n, "loss": mean_loss.item() * n}
     if target.is_floating_point():
         residual = pred.float().squeeze(-1) - target
         out.update(sse=residual.pow(2).sum().item(), sum=target.sum().item(), sumsq=target.pow(2).sum().item())

@@ -414,8 +414,6 @@ def _write_batch(job):
 def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers=1, per_batch=1000):
     """Write n images, labels exactly balanced and shuffled, as root/pathfinder{res}/<difficulty folder>/{imgs/<k>/
     sample_<j>.png, metadata/<k>.npy} (the LRA release layout); returns the difficulty folder."""
-    from multiprocessing import Pool
-    from tqdm import tqdm
     if res not in PARAMS or contour_length < 3:
         raise ValueError(f"pathfinder generator: res must be one of {sorted(PARAMS)} and contour_length >= 3, "
                          f"got res={res}, contour_length={contour_length}")
@@ -424,14 +422,10 @@ def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers
     labels = [j % 2 for j in range(n)]
     random.Random(f"pathfinder/{seed}/{res}/{contour_length}/labels").shuffle(labels)
     jobs = [(out, res, contour_length, seed, k, labels[j:j + per_batch]) for k, j in enumerate(range(0, n, per_batch))]
-    with tqdm(total=n, desc=f"pathfinder{res}/{out.name}", unit="img") as bar:
-        if workers > 1:
-            with Pool(workers) as pool:
-                for done in pool.imap_unordered(_write_batch, jobs):
-                    bar.update(done)
-        else:
-            for job in jobs:
-                bar.update(_write_batch(job))
+    with tqdm(total=n, desc=f"pathfinder{res}/{out.name}", unit="img") as bar, \
+            multiprocessing.Pool(workers) if workers > 1 else contextlib.nullcontext() as pool:
+        for done in pool.imap_unordered(_write_batch, jobs) if pool else map(_write_batch, jobs):
+            bar.update(done)
     return out
 
 
@@ -449,8 +443,7 @@ def measure_speed(res=32, contour_length=14, seconds=3.0):
 
 def _run_pathfinder_generator(root, res, n, difficulty, workers):
     cl = CONTOUR_LENGTH[difficulty]
-    generate_pathfinder(root, res=res, n=n, contour_length=cl, seed=0, workers=workers)
-    folder = Path(root) / f"pathfinder{res}" / DIFFICULTY[difficulty]
+    folder = generate_pathfinder(root, res=res, n=n, contour_length=cl, seed=0, workers=workers)
     (folder / GENERATED_MARK).write_text(f"generate_pathfinder(res={res}, n={n}, contour_length={cl}, seed=0)\n")
     return folder
 

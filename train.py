@@ -44,6 +44,8 @@ MODELS = {  # name -> (config class, backbone class, leaf names of parameters th
     "dlr": (DLRConfig, DLR, DLR_SSM_PARAMS),
 }
 
+# ---- presets: every setting a preset decides -----------------------------------------------------------------------
+
 # --preset paper: model sizes and learning rates from spec §4 (the paper); batch size, epochs per phase and warm-up
 # steps (≈ 1 epoch) from the authors' configs. pathx256 has no row in the paper's tables: it reuses PathX's settings.
 PAPER_TASK = {
@@ -143,6 +145,8 @@ def model_config(model, task, values, causal=False):
     return Config(**{k: v for k, v in kw.items() if k in fields})
 
 
+# ---- optimiser and schedule ----------------------------------------------------------------------------------------
+
 def param_groups(model, lr, wd, ssm_lr, ssm_names):
     """AdamW groups: SSM parameters (leaf name in ssm_names) get ssm_lr and no weight decay (spec §3: with the global
     lr and decay, S4 loses a lot of accuracy); norms, biases and embeddings get no weight decay; the rest gets wd.
@@ -175,6 +179,8 @@ def lr_factor(step, warmup, total, schedule):
         return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
     return 1.0
 
+
+# ---- heads, building and loading models, checkpoints ---------------------------------------------------------------
 
 def pool(h, lengths, how):
     """Pool features over real positions only (pads never count). h: (B, L, D), lengths: (B,) -> (B, D) float32."""
@@ -254,12 +260,33 @@ def load_backbone(model, state):
     return old_head, new_head
 
 
+def read_checkpoint_for_init(path, model_name, task, config, device):
+    """Read a checkpoint whose backbone is to be fine-tuned; ValueError (one line) if it cannot serve this run."""
+    try:
+        ck = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:                                               # not written by torch.save, or not plain data
+        raise ValueError(f"--init-from {path}: cannot read it as a train.py checkpoint ({type(e).__name__})") from None
+    if not isinstance(ck, dict) or not {"model", "config", "model_name", "task"} <= set(ck):
+        raise ValueError(f"--init-from {path}: not a train.py checkpoint (no model/config/model_name/task entries)")
+    if (ck["model_name"], ck["task"]) != (model_name, task):
+        raise ValueError(f"--init-from {path}: a {ck['model_name']} checkpoint for {ck['task']}, but this run is "
+                         f"{model_name} on {task}; pass the --model and --task it was made with")
+    init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}          # may differ: not in the weights
+    differ = [k for k in config if k not in init_only and ck["config"].get(k) != config[k]]
+    if differ:
+        theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ) for c in (ck["config"], config))
+        raise ValueError(f"--init-from {path}: its {theirs} differ from this run's {ours}; pass the model flags it was made with")
+    return ck
+
+
 def save_checkpoint(path, state):
     """Write a plain dict atomically (temporary file, then os.replace): a kill mid-write leaves the old file intact."""
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
 
+
+# ---- DDP: which rows of a batch are this process's, and sums over processes ----------------------------------------
 
 def shard(n):
     """(rows, keep): this process's contiguous share of a global batch of n examples (DDP; one process: all of it).
@@ -281,6 +308,8 @@ def all_sum(sums):
     return dict(zip(sums, total.tolist()))
 
 
+# ---- one batch, one evaluation, one phase --------------------------------------------------------------------------
+
 def spt_batch(model, batch, gen, task, objective, ratio, rows):
     """One denoising batch, the examples `rows` of it: corrupt (or shift) the inputs, predict at the selected positions
     -> (loss, sums). Masks are drawn for the whole batch, then cut, so each DDP process masks as one process would."""
@@ -296,7 +325,8 @@ def spt_batch(model, batch, gen, task, objective, ratio, rows):
     x_in, target, mask, lengths = x_in[rows], target[rows], mask[rows], lengths[rows]   # (b, L, ...)
     pred = model(x_in, lengths, mask)                                    # (M, V) or (M, 1)
     target = target[mask]                                                # (M,)
-    return denoise.loss(pred, target), denoise.sums(pred.detach(), target)
+    loss = denoise.loss(pred, target)
+    return loss, denoise.sums(pred.detach(), target, loss.detach())
 
 
 def finetune_batch(model, batch, gen, task, rows=slice(None)):
@@ -305,7 +335,8 @@ def finetune_batch(model, batch, gen, task, rows=slice(None)):
     device = next(model.parameters()).device
     x, lengths, y = denoise.model_input(x.to(device), task), lengths.to(device), y.to(device)  # pixels -> (B, L, 2)
     logits = model(x, lengths)                                           # (B, C)
-    return F.cross_entropy(logits.float(), y), denoise.sums(logits.detach(), y)
+    loss = denoise.loss(logits, y)                                       # cross-entropy
+    return loss, denoise.sums(logits.detach(), y, loss.detach())
 
 
 @torch.no_grad()
@@ -395,7 +426,7 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
             sched.step()
             step += 1
             m = denoise.metrics(denoise.add(train, sums))                # this process's share, for the bar
-            bar.set_postfix({"loss": f"{m['loss']:.4f}", name: f"{m[name]:.3f}"})
+            bar.set_postfix({"loss": f"{m['loss']:.4f}", name: f"{m[name]:.3f}"}, refresh=False)  # drawn at mininterval
             if step >= total:
                 break
         bar.close()
@@ -428,24 +459,7 @@ def run_phase(phase, model, batch_fn, train_set, val_loader, epochs, lr, args, s
             "seconds": before + time.time() - start}
 
 
-def read_checkpoint_for_init(path, model_name, task, config, device):
-    """Read a checkpoint whose backbone is to be fine-tuned; ValueError (one line) if it cannot serve this run."""
-    try:
-        ck = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:                                               # not written by torch.save, or not plain data
-        raise ValueError(f"--init-from {path}: cannot read it as a train.py checkpoint ({type(e).__name__})") from None
-    if not isinstance(ck, dict) or not {"model", "config", "model_name", "task"} <= set(ck):
-        raise ValueError(f"--init-from {path}: not a train.py checkpoint (no model/config/model_name/task entries)")
-    if (ck["model_name"], ck["task"]) != (model_name, task):
-        raise ValueError(f"--init-from {path}: a {ck['model_name']} checkpoint for {ck['task']}, but this run is "
-                         f"{model_name} on {task}; pass the --model and --task it was made with")
-    init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}          # may differ: not in the weights
-    differ = [k for k in config if k not in init_only and ck["config"].get(k) != config[k]]
-    if differ:
-        theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ) for c in (ck["config"], config))
-        raise ValueError(f"--init-from {path}: its {theirs} differ from this run's {ours}; pass the model flags it was made with")
-    return ck
-
+# ---- the script: flags, data, model, SPT, fine-tuning, test --------------------------------------------------------
 
 def git_commit():
     """Short commit of the repo this file is in (plus -dirty), or 'unknown' outside git."""
@@ -522,14 +536,14 @@ def main(argv=None):
     how = "given" if args.preset else ("default: CUDA found" if torch.cuda.is_available() else "default: no CUDA, the CPU preset")
     preset = args.preset = args.preset or ("paper" if torch.cuda.is_available() else "tiny")
     task = lra_data.TASKS[args.task]
-    Config, Model, ssm_names = MODELS[args.model]
-    fields = {f.name for f in dataclasses.fields(Config)}
-    config_kw = {}
+    _, Model, ssm_names = MODELS[args.model]
+    config_kw = {}                                     # model-only knobs (n_heads, norm, dt_min, ...); model_config
+                                                       # keeps those that this model's config has
     for key, value in preset_values(preset, args.model, args.task, args.spt).items():
         if hasattr(args, key):
             setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
-        elif key in fields:
-            config_kw[key] = value                                       # model-only knobs: n_heads, norm, dt_min, ...
+        else:
+            config_kw[key] = value
     args.pool = args.pool or task.pool
     args.mask_ratio = task.mask_ratio if args.mask_ratio is None else args.mask_ratio
     if not 0 < args.mask_ratio < 1:

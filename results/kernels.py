@@ -28,15 +28,13 @@ def kernel_profiles(backbone, L):
     return [layer.kernel(L).abs().reshape(-1, L).amax(0).tolist() for layer in backbone.layers]    # per layer (L,)
 
 
-def profiles_of_run(folder, L=None):
+def profiles_of_run(folder, config, L=None):
     """{"L": L, "model", "task", "seed", "spt", "stages": {"init" | "spt" | "finetune": [layers][L]}} for one run
-    folder with best.pt (and spt.pt after SPT)."""
-    config = json.loads((folder / "config.json").read_text())
+    folder with best.pt (and spt.pt after SPT); config: its config.json."""
     args, name = config["args"], config["model_name"]
     L = L or args.get("max_len") or lra_data.TASKS[config["task"]].max_len
-    Config, Model, _ = train.MODELS[name]
-    torch.manual_seed(args["seed"])                                      # train.py: manual_seed(seed), then Model(cfg)
-    stages = {"init": kernel_profiles(Model(Config(**config["config"])), L)}
+    torch.manual_seed(args["seed"])                     # as train.py: manual_seed(seed), then build_model (backbone first)
+    stages = {"init": kernel_profiles(train.build_model(config).backbone, L)}
     for stage, file in (("spt", "spt.pt"), ("finetune", "best.pt")):
         if (folder / file).is_file():
             model, _ = train.load_model(folder / file)
@@ -61,7 +59,7 @@ def main(argv=None):
         config = json.loads((folder / "config.json").read_text())
         if (config["model_name"] in ("s4", "dlr") and args.task in (None, config["task"]) and (folder / "best.pt").is_file()
                 and not config["args"].get("init_from")):          # an --init-from run did not start from its seed
-            (folder / "kernels.json").write_text(json.dumps(profiles_of_run(folder, args.length)) + "\n")
+            (folder / "kernels.json").write_text(json.dumps(profiles_of_run(folder, config, args.length)) + "\n")
             print(f"wrote {folder / 'kernels.json'}")
     if args.clean:
         for ck in sorted(ck for folder in folders for ck in folder.glob("*.pt")):

@@ -133,6 +133,14 @@ def table(cells):
     return rows
 
 
+def save(plt, fig, path, title, width, fontsize):
+    """Title, layout, write (no software/date metadata, so the bytes depend on the data only) and close a figure."""
+    fig.suptitle(textwrap.fill(title, width), fontsize=fontsize)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
 def plot_curves(cells, out, plt):
     """One figure per (task, setting, training-set size): a panel per model, val accuracy over fine-tuning steps, TFS
     vs SPT, one thin line per seed and the seed mean bold (where the seeds share their evaluation steps).
@@ -167,10 +175,8 @@ def plot_curves(cells, out, plt):
             ax.legend(fontsize=8, loc="upper left")
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("val accuracy")
-        fig.suptitle(textwrap.fill(f"{n_train:,} training examples · {setting}  (bold: seed mean; thin: single seeds; dotted: chance; dashed: chance + 5)", 100), fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110, metadata={"Software": None})
-        plt.close(fig)
+        save(plt, fig, out / name, f"{n_train:,} training examples · {setting}  (bold: seed mean; thin: single seeds; "
+                                 "dotted: chance; dashed: chance + 5)", 100, 8)
     return files
 
 
@@ -205,10 +211,7 @@ def plot_sizes(cells, out, plt):
             ax.legend(fontsize=8)
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("test accuracy (mean ± std over seeds)")
-        fig.suptitle(textwrap.fill(setting, 90), fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110, metadata={"Software": None})
-        plt.close(fig)
+        save(plt, fig, out / name, setting, 90, 7)
     return files
 
 
@@ -251,10 +254,7 @@ def plot_kernels(runs, out, plt):
                 ax.grid(alpha=0.3)
             row[0].set_ylabel("max over channels |K[l]|")
         axes[0][-1].legend(fontsize=7)
-        fig.suptitle(textwrap.fill(setting, 100), fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / name, dpi=110, metadata={"Software": None})
-        plt.close(fig)
+        save(plt, fig, out / name, setting, 100, 7)
     return files
 
 
