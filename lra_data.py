@@ -754,10 +754,10 @@ class LRADataset(torch.utils.data.Dataset):
             f.seek(start + j * L)
             return torch.frombuffer(bytearray(f.read(L)), dtype=torch.uint8), y    # (L,) uint8
         ids, off = self.arrays()
-        docs = [torch.from_numpy(ids[off[d]: off[d + 1]].astype(np.int64))
-                for d in ((2 * j, 2 * j + 1) if TASKS[self.task].pair else (j,))]
-        if self.max_len:
-            docs = [torch.cat([d[: self.max_len - 1], d.new_tensor([EOS])]) if len(d) > self.max_len else d for d in docs]
+        docs = [ids[off[d]: off[d + 1]] for d in ((2 * j, 2 * j + 1) if TASKS[self.task].pair else (j,))]
+        if self.max_len:                                                 # cut before copying: keep max_len - 1 + EOS
+            docs = [np.append(d[: self.max_len - 1], np.uint16(EOS)) if len(d) > self.max_len else d for d in docs]
+        docs = [torch.from_numpy(d.astype(np.int64)) for d in docs]
         if len(docs) == 1:
             return docs[0], y                                                    # (L,) int64
         return torch.nn.utils.rnn.pad_sequence(docs, batch_first=True, padding_value=PAD), y   # (2, L_pair)
