@@ -1,15 +1,44 @@
-"""Shared test fixtures: where the real data lives (../shared/data beside the repo, as in CI)."""
+"""Shared test fixtures: where the real data lives, one thread for tiny tensors, and a tiny train.py run."""
+import json
 import os
 from pathlib import Path
 
 import pytest
+import torch
 
 SHARED_DATA = Path(os.environ.get("LRA_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+# A train.py run small enough for a test: width 16, one layer, 16 training examples = one batch, so each epoch revisits
+# the same examples (far too few for validation numbers to mean anything: these runs check the machinery).
+TINY = ["--preset", "tiny", "--d-model", "16", "--n-layers", "1", "--d-state", "16", "--batch-size", "16",
+        "--max-train", "16", "--max-eval", "8", "--lr", "5e-3", "--pretrain-lr", "5e-3", "--warmup", "1"]
 
 
 @pytest.fixture
 def shared_data():
-    """Path to ../shared/data; skips the test, saying why, when the folder is not there."""
+    """Path to the real data folder (read-only: tests pass a cache_dir under tmp_path); skips, saying why, without it."""
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data folder {SHARED_DATA} not found (set LRA_SHARED_DATA to point at shared/data)")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tensors this small gain nothing from threads, and on a shared 2-core machine a second thread waiting for a busy
+    core made the training tests several times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def run(data_dir, out, *flags):
+    """train.main with the TINY settings on data_dir, runs under out -> (results dict, run folder)."""
+    import train
+    results = train.main(["--data-dir", str(data_dir), "--out", str(out), *TINY, *flags])
+    return results, Path(results["run_dir"])
+
+
+def records(run_dir):
+    """The log.jsonl records of a run folder, in order."""
+    return [json.loads(line) for line in (Path(run_dir) / "log.jsonl").read_text().splitlines()]

@@ -32,15 +32,6 @@ EXPECTED_PARAMS = {
 CASES = sorted(EXPECTED_PARAMS, key=lambda c: (list(train.MODELS).index(c[0]), list(lra_data.TASKS).index(c[1])))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One thread: on a shared 2-core machine a second thread waiting for a busy core only slows these small passes."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def paper_config(model, task):
     """The model config of `--model model --task task --preset paper` (no size flags, not causal)."""
     return train.model_config(model, task, train.preset_values("paper", model, task, spt=False))

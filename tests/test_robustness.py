@@ -17,18 +17,9 @@ import torch
 
 import lra_data
 import train
+from conftest import TINY, records, run
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--preset", "tiny", "--d-model", "16", "--n-layers", "1", "--d-state", "16", "--batch-size", "16",
-        "--max-train", "16", "--max-eval", "8", "--lr", "5e-3", "--pretrain-lr", "5e-3", "--warmup", "1"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()                    # tiny tensors: threads only wait for a busy core
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +28,6 @@ def data_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     lra_data.generate_listops(root, 60, 9, 9, min_length=30, max_length=200)
     return root
-
-
-def run(data_dir, out, *flags):
-    results = train.main(["--data-dir", str(data_dir), "--out", str(out), *TINY, *flags])
-    return results, Path(results["run_dir"])
-
-
-def records(run_dir):
-    return [json.loads(line) for line in (Path(run_dir) / "log.jsonl").read_text().splitlines()]
 
 
 def exits_with_one_line(argv, capsys, says):
@@ -57,6 +39,7 @@ def exits_with_one_line(argv, capsys, says):
     errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
     assert e.value.code == 2 and len(errors) == 1 and says in errors[0] and "Traceback" not in err, \
         f"exit {e.value.code}, stderr: {err!r}"
+    return errors[0]
 
 
 # ---- DDP ------------------------------------------------------------------------------------------------------------
@@ -91,21 +74,25 @@ def test_global_batch_that_does_not_split_over_the_processes_exits_with_status_2
 # ---- resume, NaN guard --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("stop_in", ["spt", "finetune"])
-def test_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(stop_in, data_dir, tmp_path, monkeypatch):
+def test_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(stop_in, data_dir, tmp_path, monkeypatch,
+                                                                       capsys):
     flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3", "--epochs", "3",
              "--max-train", "32", "--batch-size", "8", "--dropout", "0.1"]    # 4 steps per epoch; dropout uses the RNG
     full, full_dir = run(data_dir, tmp_path / "full", *flags)
     kill_at, calls, check = (6 if stop_in == "spt" else 18), [], train.check_finite   # step 6: SPT epoch 2; 18: FT epoch 2
-    def killed(*a):                                      # the kill_at-th optimiser step dies as a killed job would
+    def killed(*a):                                      # the kill_at-th optimiser step is hit by a Ctrl-C
         calls.append(1)
         if len(calls) == kill_at:
             raise KeyboardInterrupt
         return check(*a)
     monkeypatch.setattr(train, "check_finite", killed)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as stop:
         run(data_dir, tmp_path / "cut", *flags)
     monkeypatch.setattr(train, "check_finite", check)
     cut_dir = next((tmp_path / "cut").iterdir())
+    message = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train.py:")]   # not tqdm's
+    assert stop.value.code == 130 and len(message) == 1 and f"--resume {cut_dir}" in message[0], message
+    assert f"at {stop_in} epoch 2/3, step 5" in message[0], message             # 5 steps done, the 6th hit
     assert torch.load(cut_dir / "last.pt", weights_only=True)["phase"] == stop_in
     resumed = train.main(["--resume", str(cut_dir)])
     for key in ("test_acc", "test_loss", "best_val_acc"):
@@ -139,9 +126,39 @@ def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir,
     (["--init-from", "no/such/file.pt"], "--init-from"),
     (["--eval-every", "0"], "--eval-every"),
     (["--max-len", "64"], "--max-len"),                                  # ListOps cannot be cut
+    (["--batch-size", "0"], "--batch-size 0"),
+    (["--batch-size", "-4"], "--batch-size -4"),
+    (["--d-model", "0"], "--d-model 0"),
+    (["--model", "s4", "--d-state", "0"], "--d-state 0"),
+    (["--model", "s4", "--d-state", "7"], "d_state=7"),                  # S4 keeps N/2 conjugate pairs
+    (["--n-layers", "0"], "--n-layers 0"),
+    (["--dropout", "1"], "--dropout 1"),
+    (["--dropout", "-0.1"], "--dropout -0.1"),
+    (["--workers", "-1"], "--workers -1"),
+    (["--max-steps", "-1"], "--max-steps -1"),
+    (["--max-train", "-1"], "--max-train -1"),
+    (["--max-eval", "-5"], "--max-eval -5"),
+    (["--lr", "0"], "--lr 0"),
+    (["--lr=-1e-3"], "--lr -0.001"),
+    (["--spt", "--pretrain-lr", "0"], "--pretrain-lr 0"),
+    (["--warmup", "-1"], "--warmup -1"),
+    (["--model", "transformer", "--d-model", "30"], "d_model=30"),       # 30 is not divisible into 4 even heads
+    (["--device", "foo"], "--device foo"),
+    (["--device", "cuda:7"], "--device cuda:7"),
 ])
-def test_bad_flag_exits_with_status_2_and_one_line(flags, says, data_dir, tmp_path, capsys):
-    exits_with_one_line(["--task", "listops", "--data-dir", str(data_dir), "--out", str(tmp_path), *TINY, *flags], capsys, says)
+def test_bad_flag_exits_with_status_2_and_one_line_before_any_run_folder(flags, says, data_dir, tmp_path, capsys):
+    exits_with_one_line(["--task", "listops", "--data-dir", str(data_dir), "--out", str(tmp_path / "runs"), *TINY,
+                         *flags], capsys, says)
+    assert not (tmp_path / "runs").exists(), "a stub run folder was left behind"
+
+
+def test_out_pointing_at_a_file_or_an_unwritable_place_exits_with_status_2(data_dir, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("not a folder")
+    exits_with_one_line(["--task", "listops", "--data-dir", str(data_dir), "--out", str(tmp_path / "a_file"), *TINY],
+                        capsys, "--out")
+    # /proc is a file system where no folder can be made, not even by root (a read-only mount behaves alike)
+    exits_with_one_line(["--task", "listops", "--data-dir", str(data_dir), "--out", "/proc/runs", *TINY], capsys,
+                        "--out /proc/runs")
 
 
 def test_missing_data_folder_exits_with_status_2_naming_it(tmp_path, capsys):
@@ -205,6 +222,47 @@ def test_init_from_a_checkpoint_of_another_model_task_or_shape_exits_with_status
 
 def test_resume_without_a_checkpoint_exits_with_status_2(tmp_path, capsys):
     exits_with_one_line(["--resume", str(tmp_path)], capsys, "last.pt")
+
+
+@pytest.fixture
+def stopped_run(data_dir, tmp_path):
+    """A run folder as a crash leaves it: checkpoints of SPT epoch 1, no results.json."""
+    _, run_dir = run(data_dir, tmp_path / "runs", "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs",
+                     "1", "--epochs", "1")
+    (run_dir / "results.json").unlink()
+    return run_dir
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage"])
+def test_resume_from_a_damaged_last_pt_names_it_and_the_checkpoints_still_usable(damage, stopped_run, capsys):
+    last = stopped_run / "last.pt"
+    last.write_bytes({"truncated": last.read_bytes()[:300], "empty": b"", "garbage": b"not a checkpoint" * 10}[damage])
+    line = exits_with_one_line(["--resume", str(stopped_run)], capsys, f"{last} is damaged")
+    assert "best.pt (finetune epoch 1)" in line and "spt.pt (spt epoch 1)" in line and "weights_only" not in line, line
+
+
+def test_resume_refuses_flags_that_would_change_the_run(stopped_run, capsys):
+    before = (stopped_run / "log.txt").read_text()
+    exits_with_one_line(["--resume", str(stopped_run), "--epochs", "5", "--lr", "1.0"], capsys, "--epochs, --lr")
+    assert (stopped_run / "log.txt").read_text() == before, "a refused --resume wrote to the log"
+
+
+def test_resume_of_a_folder_in_use_refuses_without_writing(stopped_run, capsys):
+    before = (stopped_run / "log.txt").read_text()
+    fcntl = pytest.importorskip("fcntl", reason="file locks are POSIX (fcntl)")
+    with open(stopped_run / ".lock", "a") as held:        # as the first of two --resume runs holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        exits_with_one_line(["--resume", str(stopped_run)], capsys, "in use by another train.py")
+    assert (stopped_run / "log.txt").read_text() == before, "the second --resume duplicated log rows"
+
+
+def test_resume_of_a_finished_run_says_so_and_leaves_results_alone(data_dir, tmp_path, capsys):
+    _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "1")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(run_dir)])
+    assert e.value.code == 0 and "has finished" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before, "resuming a finished run changed its folder"
 
 
 # ---- precision and compilation --------------------------------------------------------------------------------------

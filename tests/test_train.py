@@ -11,25 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import denoise
 import lra_data
 import train
-
-# A run small enough for a test: width 16, one layer, 16 training examples = one batch, so each epoch revisits the
-# same examples (16 are far too few for validation numbers to mean anything; these tests check the machinery).
-TINY = ["--preset", "tiny", "--d-model", "16", "--n-layers", "1", "--d-state", "16", "--batch-size", "16",
-        "--max-train", "16", "--max-eval", "8", "--lr", "5e-3", "--pretrain-lr", "5e-3", "--warmup", "1"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tensors this small gain nothing from threads, and on a shared 2-core machine a second thread waiting for a busy
-    core made this file 5x slower (86 s against 16 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
+from conftest import records, run
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
@@ -58,13 +42,13 @@ def fake_release(tmp_path_factory):
     return root
 
 
-def run(data_dir, out, *flags):
-    results = train.main(["--data-dir", str(data_dir), "--out", str(out), *TINY, *flags])
-    return results, Path(results["run_dir"])
-
-
 def train_losses(run_dir, phase):
-    return [r["train_loss"] for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if r["phase"] == phase]
+    return [r["train_loss"] for r in records(run_dir) if r["phase"] == phase]
+
+
+# --preset paper at test size: only the model config keeps the paper's choices (here: S4's BatchNorm on ListOps)
+SMALL_PAPER = ["--d-model", "16", "--n-layers", "1", "--d-state", "16", "--batch-size", "16", "--pretrain-batch-size",
+               "16", "--epochs", "1", "--pretrain-epochs", "1", "--max-train", "16", "--max-eval", "8", "--generate", "0"]
 
 
 @pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
@@ -109,16 +93,22 @@ def test_tiny_causal_spt_run_with_a_causal_model(model, data_dir, tmp_path):
     assert losses[-1] < losses[0], f"{model}: next-token training loss did not drop: {losses}"
 
 
-def test_fine_tuning_starts_from_the_pre_trained_backbone(data_dir, tmp_path):
-    # with lr 0 fine-tuning cannot move a weight, so best.pt's backbone must be exactly spt.pt's backbone
+def test_fine_tuning_starts_from_the_pre_trained_backbone(data_dir, tmp_path, monkeypatch):
+    # the classifier's weights right after loading (before any fine-tuning step) must be exactly spt.pt's backbone
+    loaded, load_backbone = {}, train.load_backbone
+    def spy(model, state):
+        out = load_backbone(model, state)
+        loaded.update({k: v.clone() for k, v in model.state_dict().items()})
+        return out
+    monkeypatch.setattr(train, "load_backbone", spy)
     results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--epochs", "1",
-                           "--pretrain-epochs", "2", "--lr", "0", "--ssm-lr", "0")
+                           "--pretrain-epochs", "2")
     spt = torch.load(run_dir / "spt.pt", weights_only=True)["model"]
     best = torch.load(run_dir / "best.pt", weights_only=True)["model"]
     backbone = [k for k in spt if k.startswith("backbone.")]
-    assert backbone and backbone == [k for k in best if k.startswith("backbone.")], "backbone keys differ"
+    assert backbone and backbone == [k for k in loaded if k.startswith("backbone.")], "backbone keys differ"
     for k in backbone:
-        assert torch.equal(spt[k], best[k]), f"{k} in the fine-tuned model is not the pre-trained tensor"
+        assert torch.equal(spt[k], loaded[k]), f"{k} in the fine-tuned model is not the pre-trained tensor"
     assert "denoise_head.weight" in spt and "head.weight" in best and "denoise_head.weight" not in best
 
 
@@ -129,7 +119,7 @@ def test_saved_checkpoint_reloads_to_identical_logits_and_test_accuracy(data_dir
     again, _ = train.load_model(run_dir / "best.pt")
     test = lra_data.load("pathfinder", "test", data_dir)
     x, lengths, y = lra_data.collate([test[i] for i in range(8)])
-    x = denoise.model_input(x, "pathfinder")                                   # (B, L, 2)
+    x = train.model_input(x, "pathfinder")                                     # (B, L, 2)
     with torch.no_grad():
         assert torch.equal(model(x, lengths), again(x, lengths)), "two loads of one checkpoint disagree"
     keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[: ck["args"]["max_eval"]]   # as train.py picks them
@@ -181,6 +171,15 @@ def test_param_groups_put_each_parameter_in_exactly_one_group(model):
     assert any(g["weight_decay"] > 0 for g in groups), "nothing gets weight decay"
 
 
+def test_pooling_a_row_without_real_positions_gives_zeros_not_a_pad_or_minus_infinity():
+    h = torch.randn(2, 5, 3)                                                  # (B, L, D)
+    lengths = torch.tensor([0, 5])                                            # row 0: no real position at all
+    for how in ("mean", "max", "last"):
+        z = train.pool(h, lengths, how)
+        assert torch.equal(z[0], torch.zeros(3)), f"{how} pooling of an empty row gave {z[0].tolist()}"
+        assert z.isfinite().all()
+
+
 def test_pooling_reads_real_positions_only():
     h = torch.randn(2, 5, 3)                                                  # (B, L, D)
     lengths = torch.tensor([3, 5])
@@ -192,9 +191,10 @@ def test_pooling_reads_real_positions_only():
 
 
 def test_load_backbone_refuses_any_unexpected_difference():
-    cfg = train.MODELS["dlr"][0](d_model=8, n_layers=1, d_state=4, vocab_size=19)
-    source = train.Denoiser(train.DLR(cfg), 8, 19).state_dict()
-    target = train.Classifier(train.DLR(cfg), 8, 10, "mean", pair=False)
+    Config, Model, _ = train.MODELS["dlr"]
+    cfg = Config(d_model=8, n_layers=1, d_state=4, vocab_size=19)
+    source = train.Denoiser(Model(cfg), 8, 19).state_dict()
+    target = train.Classifier(Model(cfg), 8, 10, "mean", pair=False)
     dropped, new = train.load_backbone(target, source)
     assert dropped == ["denoise_head.bias", "denoise_head.weight"] and new == ["head.bias", "head.weight"]
     missing_one = {k: v for k, v in source.items() if k != "backbone.encoder.weight"}
@@ -212,7 +212,60 @@ def test_init_from_fine_tunes_a_saved_backbone(data_dir, tmp_path):
 
 def test_eval_every_evaluates_every_kth_epoch_and_after_the_last(data_dir, tmp_path):
     results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "5", "--eval-every", "2")
-    records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in records if r["phase"] == "finetune"] == [2, 4, 5]
-    assert [r["step"] for r in records if r["phase"] == "finetune"] == [2, 4, 5], "16 examples = one step an epoch"
+    rows = records(run_dir)
+    assert [r["epoch"] for r in rows if r["phase"] == "finetune"] == [2, 4, 5]
+    assert [r["step"] for r in rows if r["phase"] == "finetune"] == [2, 4, 5], "16 examples = one step an epoch"
     assert (run_dir / "best.pt").is_file() and results["best_epoch"] in (2, 4, 5)
+
+
+def test_metrics_over_batches_equal_metrics_over_everything():
+    gen = torch.Generator().manual_seed(0)
+    logits, target = torch.randn(100, 10, generator=gen), torch.randint(0, 10, (100,), generator=gen)
+    loss = lambda a, b: torch.nn.functional.cross_entropy(a, b)
+    whole = train.metrics(train.sums(logits, target, loss(logits, target)))
+    parts = train.metrics(train.add(train.sums(logits[:37], target[:37], loss(logits[:37], target[:37])),
+                                    train.sums(logits[37:], target[37:], loss(logits[37:], target[37:]))))
+    assert abs(whole["loss"] - parts["loss"]) < 1e-5 and whole["acc"] == parts["acc"], f"{whole} != {parts}"
+
+
+def test_image_targets_are_normalised_values_scored_by_l1_and_r2():
+    x = torch.randint(0, 256, (2, 1024), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    value, target = train.clean_input(x, "image")
+    assert torch.equal(value, target) and target.dtype == torch.float32, "Image targets are the normalised values"
+    t = target[0]                                                             # (L,) float
+    perfect = train.metrics(train.sums(t[:, None].clone(), t, torch.tensor(0.0)))
+    mean = train.metrics(train.sums(torch.full((1024, 1), t.mean().item()), t, torch.tensor(0.0)))
+    assert abs(perfect["r2"] - 1) < 1e-6, f"perfect prediction scored {perfect}"
+    assert abs(mean["r2"]) < 1e-4, f"predicting the mean must give R² ≈ 0, got {mean['r2']:.4f}"
+    assert train.n_outputs("pathfinder") == 256 and train.n_outputs("image") == 1
+
+
+def test_pathfinder_targets_are_grey_levels_and_inputs_are_scaled_to_plus_minus_one():
+    x = torch.randint(0, 256, (2, 1024), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    value, target = train.clean_input(x, "pathfinder")
+    assert target.dtype == torch.long and torch.equal(target, x.long()), "Pathfinder targets are grey levels 0..255"
+    torch.testing.assert_close(value, x.float() / 255 * 2 - 1)
+
+
+def test_masked_spt_never_masks_the_eos_token(data_dir):
+    # EOS is the last real token of every sequence: predicting it is trivial, so it is never a masked position
+    data = lra_data.load("listops", "train", data_dir)
+    batch = lra_data.collate([data[i] for i in range(16)])
+    seen = []
+    net = lambda x, lengths, mask: seen.append((x, lengths, mask)) or torch.zeros(int(mask.sum()), 19, requires_grad=True)
+    net.parameters = lambda: iter([torch.zeros(1)])
+    for seed in range(20):                                 # many draws at a ratio so high that EOS would be hit
+        train.spt_batch(net, batch, torch.Generator().manual_seed(seed), "listops", "masked", 0.9, slice(None))
+    for x, lengths, mask in seen:
+        eos = torch.arange(x.size(1))[None, :] == (lengths - 1)[:, None]      # (B, L)
+        assert not (mask & eos).any(), "an EOS position was masked"
+        assert (x[eos] == lra_data.EOS).all() and mask.any(1).all()
+
+
+def test_causal_run_of_a_batchnorm_preset_uses_layernorm_and_says_so(data_dir, tmp_path):
+    # BatchNorm statistics over the time axis let earlier positions see later ones in training: causal runs switch
+    results, run_dir = run(data_dir, tmp_path, "--model", "s4", "--task", "listops", "--spt", "--objective", "causal",
+                           "--causal", "--preset", "paper", *SMALL_PAPER, "--device", "cpu")
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    assert config["norm"] == "layer" and not config["bidirectional"], config
+    assert "LayerNorm instead of the preset's BatchNorm" in (run_dir / "log.txt").read_text()

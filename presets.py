@@ -1,0 +1,244 @@
+"""presets.py: every setting a `--preset` decides, and where each number comes from.
+paper: model sizes and learning rates of Amos, Berant & Gupta (ICLR 2024): Table 2 (Transformer sizes), Table 4
+       (Transformer fine-tuning / SPT learning rates), Table 5 (per-phase learning rates and batch sizes of S4 and
+       DLR with SPT, and of DLR from scratch) and App. C.1.2 (PathX-256); S4 from scratch and the epochs, batch sizes
+       and model sizes the tables leave out come from the authors' released configs and S4's LRA configs (Gu et al.,
+       ICLR 2022). `paper_sources` names the source of every value; the README prints that table.
+tiny / small: CPU-sized runs of the real tasks (no toy task), our own choice.
+Explicit command-line flags always win over a preset (train.py applies them after `preset_values`).
+"""
+import dataclasses
+from pathlib import Path
+
+import torch
+
+import lra_data
+from dlr import DLR, DLRConfig, SSM_PARAMS as DLR_SSM_PARAMS
+from s4 import S4, S4Config, SSM_PARAMS as S4_SSM_PARAMS
+from transformer import Transformer, TransformerConfig, SSM_PARAMS as TRANSFORMER_SSM_PARAMS
+
+MODELS = {  # name -> (config class, backbone class, leaf names of parameters that get their own lr and no weight decay)
+    "transformer": (TransformerConfig, Transformer, TRANSFORMER_SSM_PARAMS),
+    "s4": (S4Config, S4, S4_SSM_PARAMS),
+    "dlr": (DLRConfig, DLR, DLR_SSM_PARAMS),
+}
+
+# ---- paper: model sizes ------------------------------------------------------------------------------------------
+
+TRANSFORMER_SIZE = {  # rotary, pre-norm (paper Table 2; heads and FFN widths from the authors' configs)
+    "listops": dict(n_layers=6, d_model=512, n_heads=8, d_ff=2048),
+    "text": dict(n_layers=6, d_model=512, n_heads=8, d_ff=2048),
+    "retrieval": dict(n_layers=4, d_model=128, n_heads=4, d_ff=512),
+    "image": dict(n_layers=3, d_model=64, n_heads=4, d_ff=128),                    # FFN 2D in the authors' config
+    "pathfinder": dict(n_layers=4, d_model=128, n_heads=8, d_ff=128),
+    "pathx": dict(n_layers=4, d_model=128, n_heads=4, d_ff=128, block_size=4096),  # block-local attention
+    "pathx256": dict(n_layers=4, d_model=128, n_heads=4, d_ff=128, block_size=4096),
+}
+SSM_SIZE = {  # S4: bidirectional, N = 64, HiPPO-LegS, GLU (paper §4 after S4's configs); DLR: the same with LayerNorm
+    "listops": dict(n_layers=8, d_model=128, norm="batch", prenorm=False),
+    "text": dict(n_layers=6, d_model=256, norm="batch", prenorm=True),
+    "retrieval": dict(n_layers=6, d_model=256, norm="batch", prenorm=True),
+    "image": dict(n_layers=6, d_model=512, norm="layer", prenorm=False, dropout=0.1),
+    "pathfinder": dict(n_layers=6, d_model=256, norm="batch", prenorm=True),
+    "pathx": dict(n_layers=6, d_model=256, norm="batch", prenorm=True, dt_min=1e-4),
+    "pathx256": dict(n_layers=6, d_model=256, norm="batch", prenorm=True, dt_min=1e-4),
+}
+
+# ---- paper: optimisation, per phase --------------------------------------------------------------------------------
+# (lr, batch_size, pretrain_lr, pretrain_batch_size); None = the table leaves it out (filled in below, with a source)
+
+TABLE4_TRANSFORMER_LR = {"listops": (1e-4, 1e-3), "text": (5e-4, 5e-4), "retrieval": (5e-4, 5e-3),   # (FT, SPT)
+                         "image": (1e-3, 1e-3), "pathfinder": (5e-4, 1e-3), "pathx": (5e-4, 1e-3),
+                         "pathx256": (5e-4, 1e-3)}                                 # PathX-256: PathX's (no row)
+TABLE5 = {
+    ("s4", "spt"): {"listops": (1e-3, 16, 1e-3, 128), "text": (5e-4, 16, 5e-4, 8), "retrieval": (5e-4, 256, 5e-4, 8),
+                    "image": (1e-3, 512, 1e-3, 32), "pathfinder": (1e-3, 64, 1e-3, 8), "pathx": (1e-3, 64, 1e-3, 8),
+                    "pathx256": (1e-3, 64, 1e-3, 8)},                              # PathX-256: App. C.1.2
+    ("dlr", "spt"): {"listops": (5e-4, 16, 1e-3, 128), "text": (1e-3, 16, 5e-4, 8), "image": (1e-3, 64, 1e-3, 32),
+                     "pathx": (5e-4, 64, 5e-4, 8)},
+    ("dlr", "tfs"): {"listops": (5e-4, 16), "text": (5e-4, 16), "image": (5e-4, 64), "pathx": (5e-4, 64)},
+    ("s4", "tfs"): {"pathx256": (1e-4, 16)},                                       # App. C.1.2
+}
+# S4's LRA configs (Gu et al. 2022): batch size and epochs of each task; S4 from scratch trains at lr 0.01 (PathX
+# 5e-4), weight decay 0.05 (paper §4). Warm-up: about one epoch, our choice (the papers do not print it).
+S4_CONFIG = {"listops": dict(batch_size=50, epochs=40, warmup=2000), "text": dict(batch_size=16, epochs=32, warmup=5000),
+             "retrieval": dict(batch_size=64, epochs=20, warmup=2500), "image": dict(batch_size=50, epochs=200, warmup=1000),
+             "pathfinder": dict(batch_size=64, epochs=200, warmup=2500), "pathx": dict(batch_size=32, epochs=50, warmup=5000),
+             "pathx256": dict(batch_size=32, epochs=50, warmup=5000)}
+# The authors' Transformer configs: batch 32 everywhere (Image fine-tuning 50), epochs (fine-tuning, SPT), warm-up
+# within their 2,000-5,000 steps. Their learning rates are placeholders: Table 4's are used.
+TRANSFORMER_CONFIG = {"listops": (100, 100, 2000), "text": (65, 32, 5000), "retrieval": (32, 32, 2500),
+                      "image": (200, 50, 2000), "pathfinder": (200, 50, 2500), "pathx": (200, 200, 5000),
+                      "pathx256": (200, 200, 5000)}                                # PathX-256: PathX's (no config)
+SPT_EPOCHS = {("s4", "listops"): 100}       # the authors' S4 SPT config; elsewhere SPT gets the fine-tuning epochs
+PAPER_GENERATE = {"listops": 100_000, "pathfinder": 200_000, "pathx": 200_000, "pathx256": 200_000}  # LRA's sizes
+ACCUM_STEPS = {}  # (model, task, phase) -> micro-batches per step, where the paper batch does not fit 80 GB at once
+
+
+def ssm_row(model, task, spt, s4_batch):
+    """((lr, batch_size, pretrain_lr, pretrain_batch_size), source) of S4 or DLR on `task`, with or without SPT."""
+    phase = "spt" if spt else "tfs"
+    if task in TABLE5.get((model, phase), {}):
+        row, source = TABLE5[model, phase][task], "paper App. C.1.2" if task == "pathx256" else "paper Table 5"
+    elif model == "dlr" and task == "pathx256":
+        row, source = TABLE5["dlr", phase]["pathx"], "paper Table 5 (DLR's PathX row)"
+    elif model == "dlr" and spt:
+        row, source = TABLE5["s4", "spt"][task], "paper Table 5 (S4's row: no DLR run)"
+    elif model == "dlr":
+        row, source = (5e-4, s4_batch), "paper Table 5 (DLR's lr from scratch; S4's batch)"
+    else:
+        row, source = (5e-4 if task == "pathx" else 1e-2, s4_batch), "paper §4 (S4 from scratch) + S4's config"
+    return (row if len(row) == 4 else (*row, *row)), source          # from scratch: SPT settings are unused
+
+
+def paper_values(model, task, spt):
+    """(values, sources) of `--preset paper` for one run: every setting it decides, and for each a short source."""
+    values, sources = dict(generate=PAPER_GENERATE.get(task), max_train=0, max_eval=0, dropout=0.0), {}
+    per_phase = ["lr", "batch_size", "pretrain_lr", "pretrain_batch_size"]
+    if model == "transformer":
+        epochs, pretrain_epochs, warmup = TRANSFORMER_CONFIG[task]
+        lr, pretrain_lr = TABLE4_TRANSFORMER_LR[task]
+        values.update(TRANSFORMER_SIZE[task], weight_decay=0.0, lr=lr, pretrain_lr=pretrain_lr,
+                      batch_size=50 if task == "image" else 32, pretrain_batch_size=32, epochs=epochs,
+                      pretrain_epochs=pretrain_epochs, warmup=warmup)
+        sources.update(dict.fromkeys(TRANSFORMER_SIZE[task], "paper Table 2 + authors' config"))
+        sources.update(dict.fromkeys(["batch_size", "pretrain_batch_size", "epochs", "pretrain_epochs", "warmup"],
+                                     "authors' Transformer config"))
+        sources.update(lr="paper Table 4", pretrain_lr="paper Table 4", weight_decay="paper §4 (none)")
+    else:
+        values.update(SSM_SIZE[task], d_state=64 if model == "s4" else 1024, weight_decay=0.05, **S4_CONFIG[task])
+        if model == "dlr":                                                  # "as S4 with LayerNorm" (paper §4)
+            values.update(norm="layer", prenorm=True)
+        sources.update(dict.fromkeys([*SSM_SIZE[task], "d_state", "weight_decay"], "paper §4 (S4's configs)"))
+        sources.update(epochs="S4's LRA config", warmup="ours (about 1 epoch)")
+        row, source = ssm_row(model, task, spt, values["batch_size"])
+        values.update(zip(per_phase, row))
+        sources.update(dict.fromkeys(per_phase, source))
+        values["pretrain_epochs"] = SPT_EPOCHS.get((model, task), values["epochs"])
+        sources["pretrain_epochs"] = "authors' S4 SPT config" if (model, task) in SPT_EPOCHS else "= fine-tuning epochs"
+    values["accum_steps"] = ACCUM_STEPS.get((model, task, "finetune"), 1)
+    values["pretrain_accum_steps"] = ACCUM_STEPS.get((model, task, "spt"), 1)
+    sources.update(accum_steps="ours (fits 80 GB)", pretrain_accum_steps="ours (fits 80 GB)")
+    return values, sources
+
+
+# ---- tiny / small: CPU-sized runs ----------------------------------------------------------------------------------
+# `generate` = examples made (80/10/10; ListOps 96/2/2) when a synthetic task's files are absent; max_train / max_eval
+# cap the examples used, so the run time does not depend on what is on disk. Both phases get the same epochs and
+# batch size (--pretrain-batch-size follows --batch-size).
+CPU_MODEL = {
+    "tiny": dict(d_model=32, n_layers=2, d_state=64, n_heads=4, d_ff=64, dropout=0.0, weight_decay=0.01, lr=2e-3,
+                 pretrain_lr=2e-3, warmup=20),
+    "small": dict(d_model=64, n_layers=4, d_state=64, n_heads=4, d_ff=128, dropout=0.0, weight_decay=0.01, lr=2e-3,
+                  pretrain_lr=2e-3, warmup=100),
+}
+CPU_TASK = {  # task: (epochs, batch size, examples generated, max_train, max_eval)
+    "tiny": {"listops": (3, 32, 12000, 1000, 240), "text": (2, 16, None, 500, 200), "retrieval": (2, 16, None, 400, 100),
+             "image": (3, 32, None, 2000, 500), "pathfinder": (2, 32, 2500, 2000, 250), "pathx": (1, 16, 800, 640, 80),
+             "pathx256": (1, 8, 100, 80, 10)},
+    "small": {"listops": (10, 32, 50000, 10000, 1000), "text": (4, 16, None, 2500, 500),
+              "retrieval": (4, 16, None, 2000, 500), "image": (10, 32, None, 10000, 1000),
+              "pathfinder": (10, 32, 12000, 9600, 1200), "pathx": (3, 16, 2500, 2000, 250),
+              "pathx256": (2, 8, 500, 400, 50)},
+}
+# Where a model is much slower on a CPU than DLR, the CPU presets give it 1/share of the examples (and smaller batches,
+# so it takes as many steps): S4's NPLR kernel at L = 16,384, the Transformer's attention on the long tasks.
+CPU_SHARE = {("s4", "pathx"): 4, ("s4", "pathx256"): 4, ("transformer", "pathx"): 20, ("transformer", "pathx256"): 20,
+             ("transformer", "listops"): 4, ("transformer", "text"): 4, ("transformer", "retrieval"): 4}
+
+
+def preset_values(preset, model, task, spt):
+    """Every setting the preset decides for (model, task): training flags and model-config fields. Flags given
+    explicitly on the command line override these (train.py does that)."""
+    if preset == "paper":
+        return paper_values(model, task, spt)[0]
+    epochs, batch, generate, max_train, max_eval = CPU_TASK[preset][task]
+    share = CPU_SHARE.get((model, task), 1)
+    batch = max(4, batch // share)
+    return {**CPU_MODEL[preset], "epochs": epochs, "pretrain_epochs": epochs, "batch_size": batch,
+            "generate": generate, "max_train": max_train // share, "max_eval": max(16, max_eval // share),
+            "accum_steps": 1, "pretrain_accum_steps": 1}           # SPT batch: --batch-size's (apply_presets)
+
+
+def model_config(model, task, values, causal=False):
+    """The backbone config of `model` for `task`: the fields of `values` (a preset's, plus explicit flags) that the
+    config class has, the input kind of the task (tokens: vocab_size; pixels: d_input = 2, value + mask indicator),
+    and causal (Transformer) / bidirectional (S4, DLR). Raises ValueError (from the config) for impossible values."""
+    Config, spec = MODELS[model][0], lra_data.TASKS[task]
+    kw = {**values, "vocab_size": spec.vocab_size if spec.kind == "tokens" else None,
+          "d_input": 1 if spec.kind == "tokens" else 2, "causal": causal, "bidirectional": not causal}
+    fields = {f.name for f in dataclasses.fields(Config)}
+    return Config(**{k: v for k, v in kw.items() if k in fields})
+
+
+# ---- one merge of preset and flags, one check of every value -------------------------------------------------------
+
+def apply_presets(args):
+    """Preset first, then explicit flags win, in one merge. Returns the model-config fields the preset decides
+    (n_heads, norm, dt_min, ...) and the notes to print about choices made here."""
+    args.preset = args.preset or ("paper" if torch.cuda.is_available() else "tiny")
+    config_kw, notes = {}, []
+    for key, value in preset_values(args.preset, args.model, args.task, args.spt).items():
+        if hasattr(args, key):
+            setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
+        else:
+            config_kw[key] = value
+    for key in ("d_model", "n_layers", "d_state", "dropout", "ssm_lr"):
+        if getattr(args, key) is not None:
+            config_kw[key] = getattr(args, key)
+    task = lra_data.TASKS[args.task]
+    args.pretrain_batch_size = args.pretrain_batch_size or args.batch_size   # CPU presets: one batch size
+    args.pool = args.pool or task.pool
+    args.mask_ratio = task.mask_ratio if args.mask_ratio is None else args.mask_ratio
+    if args.causal and config_kw.get("norm") == "batch":   # BatchNorm over time would leak the future in training
+        config_kw["norm"] = "layer"
+        notes.append("note: causal model: LayerNorm instead of the preset's BatchNorm (whose statistics over the "
+                     "time axis would let earlier positions see later ones in training)")
+    return config_kw, notes
+
+
+CHECKS = [  # (flag, rule, test): every training flag, checked once after the presets are applied (None = not set)
+    ("batch_size", "must be at least 1", lambda v: v >= 1), ("pretrain_batch_size", "must be at least 1", lambda v: v >= 1),
+    ("epochs", "must be at least 1", lambda v: v >= 1), ("pretrain_epochs", "must be at least 1", lambda v: v >= 1),
+    ("eval_every", "must be at least 1 (epochs between evaluations)", lambda v: v >= 1),
+    ("max_steps", "must be 0 (no limit) or more", lambda v: v >= 0),
+    ("max_train", "must be 0 (all) or more", lambda v: v >= 0), ("max_eval", "must be 0 (all) or more", lambda v: v >= 0),
+    ("lr", "must be > 0", lambda v: v > 0), ("pretrain_lr", "must be > 0", lambda v: v > 0),
+    ("ssm_lr", "must be > 0", lambda v: v > 0), ("weight_decay", "must be >= 0", lambda v: v >= 0),
+    ("warmup", "must be 0 or more steps", lambda v: v >= 0), ("workers", "must be 0 or more", lambda v: v >= 0),
+    ("d_model", "must be at least 1", lambda v: v >= 1), ("n_layers", "must be at least 1", lambda v: v >= 1),
+    ("d_state", "must be at least 1", lambda v: v >= 1), ("dropout", "must be in [0, 1)", lambda v: 0 <= v < 1),
+    ("mask_ratio", "must be in (0, 1)", lambda v: 0 < v < 1), ("data_fraction", "must be in (0, 1]", lambda v: 0 < v <= 1),
+    ("generate", "must be 0 (never) or at least 10", lambda v: v == 0 or v >= 10),
+]
+
+
+def check_flags(args, config_kw):
+    """One check of every flag before anything is written; returns the backbone config. Raises ValueError with
+    one line naming the flag (train.py prints it and exits with status 2)."""
+    for key, rule, ok in CHECKS:
+        value = getattr(args, key)
+        if value is not None and not ok(value):
+            raise ValueError(f"--{key.replace('_', '-')} {value} {rule}")
+    task = lra_data.TASKS[args.task]
+    if args.spt and args.objective == "causal" and not args.causal:
+        raise ValueError("--objective causal trains next-token prediction, which a bidirectional model solves by looking ahead: "
+             "add --causal (causal Transformer / unidirectional SSM), or use --objective masked")
+    if args.spt and args.init_from:
+        raise ValueError("--init-from already supplies a pre-trained backbone: drop --spt (or --init-from)")
+    if args.init_from and not Path(args.init_from).is_file():
+        raise ValueError(f"--init-from {args.init_from}: no such checkpoint file")
+    if args.max_len is not None and (args.task not in ("text", "retrieval") or not 2 <= args.max_len <= task.max_len):
+        raise ValueError(f"--max-len {args.max_len}: only text and retrieval documents can be cut, to 2..{task.max_len} tokens "
+             f"(ListOps answers need the whole expression; pixel tasks have a fixed length)")
+    if args.data_dir != "data" and not Path(args.data_dir).is_dir():  # a typo must not silently generate data there
+        raise ValueError(f"--data-dir {args.data_dir}: no such folder (synthetic tasks are generated only into an existing "
+             f"folder or the default ./data)")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder: pass a folder for the run folders")
+    try:
+        return model_config(args.model, args.task, config_kw, args.causal)
+    except ValueError as e:
+        raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, --dropout or the "
+                         f"preset)") from None

@@ -1,0 +1,236 @@
+"""runs.py: a training run on disk and across processes, the plumbing under train.py.
+run folder:  runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/ with config.json, log.txt, log.jsonl, spt.pt, best.pt,
+             last.pt and results.json; checkpoints are plain dicts written atomically (temporary file, then rename)
+resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stopped run continues exactly; a lock
+             keeps one writer per folder; a finished or damaged run is refused in one line
+DDP:         every process reads the whole global batch and keeps its rows; sums of metrics are added over processes
+errors:      bad input ends in one line `train.py: error: ...` and exit status 2, never a traceback
+Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints, bad flags).
+"""
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+try:
+    import fcntl                                                         # POSIX file locks; absent on Windows
+except ImportError:
+    fcntl = None
+
+
+# ---- messages, locks ----------------------------------------------------------------------------------------------
+
+def fail(message):
+    """Bad input: one line on stderr (from rank 0 only, under torchrun) and exit status 2, never a traceback."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"train.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def log(run_dir, line, record=None):
+    """Print one line; rank 0 also appends it to run_dir/log.txt (and `record` to log.jsonl) once run_dir is set."""
+    print(line, flush=True)
+    if run_dir is None or rank_and_world()[0] > 0:
+        return
+    with open(run_dir / "log.txt", "a") as f:
+        f.write(line + "\n")
+    if record is not None:
+        with open(run_dir / "log.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+@contextlib.contextmanager
+def file_lock(path, busy):
+    """Hold an exclusive lock on `path` (created if absent) for the block; the OS drops it when the process dies, so a
+    killed run never leaves a stale lock. busy: the one-line error if another process holds it (None: wait for it).
+    Without fcntl (Windows) there is no lock."""
+    if fcntl is None:
+        yield
+        return
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (fcntl.LOCK_NB if busy else 0))
+        except BlockingIOError:
+            fail(busy)
+        try:
+            yield
+        finally:
+            if busy:                                                     # a run's own lock goes with the run
+                Path(path).unlink(missing_ok=True)
+
+
+def git_commit():
+    """Short commit of the repo this file is in (plus -dirty), or 'unknown' outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        run = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5).stdout.strip()
+        return (run("rev-parse", "--short", "HEAD") or "unknown") + ("-dirty" if run("status", "--porcelain") else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+# ---- DDP: which rows of a batch are this process's, and sums over processes ----------------------------------------
+
+def rank_and_world():
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def shard(n):
+    """(rows, keep): this process's contiguous share of a global batch of n examples (DDP; one process: all of it).
+    Every process reads the whole global batch, so batches and SPT masks are those of a 1-process run. A process left
+    without rows (a last batch smaller than the world) computes row 0 with keep=False, to join the gradient all-reduce."""
+    rank, world = rank_and_world()
+    start = rank * (n // world) + min(rank, n % world)
+    stop = start + n // world + (rank < n % world)
+    return (slice(start, stop), True) if stop > start else (slice(0, 1), False)
+
+
+def all_sum(sums):
+    """Add up the `sums` dicts of all DDP processes: metrics of the whole batch or split, as one process has them."""
+    if not dist.is_initialized():
+        return sums
+    total = torch.tensor([float(v) for v in sums.values()], dtype=torch.float64,   # same keys, same order everywhere
+                         device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(total)
+    return dict(zip(sums, total.tolist()))
+
+
+def setup_device(args):
+    """-> (device, world): checks --device, and under torchrun joins the process group (one GPU per process)."""
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        fail(f"--device {args.device}: not a device; use cpu, cuda, cuda:1, ...")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {args.device}: no CUDA device is visible to PyTorch; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        fail(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    if device.type not in ("cpu", "cuda"):
+        fail(f"--device {args.device}: train.py runs on cpu or cuda")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    for flag in ("batch_size", "pretrain_batch_size"):
+        if getattr(args, flag) % world:
+            fail(f"--{flag.replace('_', '-')} {getattr(args, flag)} is the global batch: it must split evenly over "
+                 f"the {world} processes")
+    return device, world
+
+
+def join_process_group(device, world):
+    """Under torchrun: one process per GPU (NCCL) or CPU process (gloo); only rank 0 prints. Returns the device."""
+    if world == 1:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+    if dist.get_rank() > 0:                                              # only rank 0 prints, logs and saves
+        sys.stdout = open(os.devnull, "w")
+    return device
+
+
+# ---- checkpoints and resume ---------------------------------------------------------------------------------------
+
+def save_checkpoint(path, state):
+    """Write a plain dict atomically (temporary file, then os.replace): a kill mid-write leaves the old file intact."""
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def read_checkpoint(path, device="cpu"):
+    """torch.load of a train.py checkpoint; ValueError (one line) if the file is empty, truncated or not one."""
+    try:
+        ck = torch.load(path, map_location=device, weights_only=True)
+    except Exception as e:                                               # truncated, empty, garbage, not plain data
+        raise ValueError(f"{path} is damaged or not a train.py checkpoint ({type(e).__name__})") from None
+    if not isinstance(ck, dict) or not {"model", "config", "model_name", "task"} <= set(ck):
+        raise ValueError(f"{path} is not a train.py checkpoint (no model/config/model_name/task entries)")
+    return ck
+
+
+def training_state(model, opt, sched, gens, device):
+    """What --resume needs beyond the phase's progress: weights, optimiser, schedule and every RNG."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "cuda": cuda, **{k: g.get_state() for k, g in gens.items()}}}
+
+
+def restore_training_state(ck, model, opt, sched, gens, device):
+    """Inverse of training_state: continue exactly where the checkpoint `ck` (a last.pt) stopped."""
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["optimizer"])
+    sched.load_state_dict(ck["scheduler"])
+    torch.set_rng_state(ck["rng"]["torch"])
+    if device.type == "cuda" and ck["rng"]["cuda"] is not None:     # this GPU's only: the GPU count may change
+        torch.cuda.set_rng_state(ck["rng"]["cuda"], device)
+    for k, g in gens.items():
+        g.set_state(ck["rng"][k])
+
+
+RESUME_MAY_CHANGE = {"resume", "device", "workers"}    # settings a resumed run may take from the new command line
+
+
+def resume_settings(args, given, defaults):
+    """--resume DIR: (the run's own settings, its last.pt), or exits: finished run (status 0, results.json untouched),
+    no or damaged last.pt, or flags that would change the run (status 2)."""
+    folder = Path(args.resume)
+    if (folder / "results.json").is_file():
+        print(f"train.py: {folder} has finished (results.json is there); nothing to resume, nothing changed")
+        raise SystemExit(0)
+    if not (folder / "last.pt").is_file():
+        fail(f"--resume {folder}: no last.pt in that folder (a run writes it at its first evaluation)")
+    changed = sorted(given - RESUME_MAY_CHANGE)
+    if changed:
+        fail(f"--resume continues a run with its own settings; {', '.join('--' + k.replace('_', '-') for k in changed)} "
+             f"cannot change (only --device, --workers); start a new run, e.g. with --init-from {folder}/spt.pt")
+    try:
+        ck = read_checkpoint(folder / "last.pt")
+    except ValueError as e:
+        usable = []
+        for name in ("best.pt", "spt.pt"):
+            with contextlib.suppress(ValueError, FileNotFoundError):
+                other = read_checkpoint(folder / name)
+                usable.append(f"{name} ({other['phase']} epoch {other['epoch']})")
+        hint = f"still readable: {', '.join(usable)}" if usable else "no other readable checkpoint there"
+        fail(f"--resume: {e}; {hint}; start again (an spt.pt can seed a new run: --init-from {folder}/spt.pt)")
+    saved = {**defaults, **ck["args"]}                          # flags newer than the checkpoint: their defaults
+    saved.setdefault("pretrain_batch_size", saved["batch_size"])
+    return argparse.Namespace(**{**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE}}), ck
+
+
+@contextlib.contextmanager
+def run_folder(args, meta, lines):
+    """Hold the run folder for the block: a new runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/ with config.json
+    (DDP: rank 0 names and creates it, all use it), or the --resume folder. Rank 0 holds its lock for the whole block,
+    so a second train.py on one folder stops in one line before writing anything; then the start-up lines go to log.txt."""
+    rank, world = rank_and_world()
+    if args.resume:
+        folder = Path(args.resume)
+    else:
+        kind = "spt" if args.spt else ("init" if args.init_from else "tfs")
+        folder = Path(args.out) / f"{args.task}-{args.model}-{kind}-s{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        suffix = 1
+        while folder.exists():                                           # two runs started in the same second
+            folder, suffix = folder.with_name(folder.name.rsplit("+", 1)[0] + f"+{suffix}"), suffix + 1
+        if world > 1:                                                    # the processes' clocks may be a second apart
+            shared = [folder]
+            dist.broadcast_object_list(shared, src=0)
+            folder = shared[0]
+    if rank == 0 and not args.resume:
+        try:
+            folder.mkdir(parents=True)
+        except OSError as e:                                             # read-only file system, no permission, ...
+            fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); pass a writable folder")
+        (folder / "config.json").write_text(json.dumps(meta, indent=2))
+    busy = f"{folder} is in use by another train.py (the run itself or a --resume of it); wait until it stops"
+    with file_lock(folder / ".lock", busy) if rank == 0 else contextlib.nullcontext():
+        for line in lines:
+            log(folder, line)
+        yield folder
