@@ -199,6 +199,7 @@ def apply_presets(args):
 
 CHECKS = [  # (flag, rule, test): every training flag, checked once after the presets are applied (None = not set)
     ("batch_size", "must be at least 1", lambda v: v >= 1), ("pretrain_batch_size", "must be at least 1", lambda v: v >= 1),
+    ("accum_steps", "must be at least 1", lambda v: v >= 1), ("pretrain_accum_steps", "must be at least 1", lambda v: v >= 1),
     ("epochs", "must be at least 1", lambda v: v >= 1), ("pretrain_epochs", "must be at least 1", lambda v: v >= 1),
     ("eval_every", "must be at least 1 (epochs between evaluations)", lambda v: v >= 1),
     ("max_steps", "must be 0 (no limit) or more", lambda v: v >= 0),

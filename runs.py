@@ -92,14 +92,13 @@ def shard(n):
     return (slice(start, stop), True) if stop > start else (slice(0, 1), False)
 
 
-def all_sum(sums):
-    """Add up the `sums` dicts of all DDP processes: metrics of the whole batch or split, as one process has them."""
+def all_sum(total):
+    """Add up a tensor of additive statistics over all DDP processes (on their device: gloo CPU, NCCL CUDA)."""
     if not dist.is_initialized():
-        return sums
-    total = torch.tensor([float(v) for v in sums.values()], dtype=torch.float64,   # same keys, same order everywhere
-                         device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        return total
+    total = total.clone()
     dist.all_reduce(total)
-    return dict(zip(sums, total.tolist()))
+    return total
 
 
 def setup_device(args):
@@ -155,18 +154,21 @@ def read_checkpoint(path, device="cpu"):
     return ck
 
 
-def training_state(model, opt, sched, gens, device):
-    """What --resume needs beyond the phase's progress: weights, optimiser, schedule and every RNG."""
+def training_state(model, opt, sched, gens, device, scaler=None):
+    """What --resume needs beyond the phase's progress: weights, optimiser, schedule, fp16 scaler and every RNG."""
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+            "scaler": scaler.state_dict() if scaler else None, "device_type": device.type,
             "rng": {"torch": torch.get_rng_state(), "cuda": cuda, **{k: g.get_state() for k, g in gens.items()}}}
 
 
-def restore_training_state(ck, model, opt, sched, gens, device):
+def restore_training_state(ck, model, opt, sched, gens, device, scaler=None):
     """Inverse of training_state: continue exactly where the checkpoint `ck` (a last.pt) stopped."""
     model.load_state_dict(ck["model"])
     opt.load_state_dict(ck["optimizer"])
     sched.load_state_dict(ck["scheduler"])
+    if scaler is not None and ck.get("scaler"):
+        scaler.load_state_dict(ck["scaler"])
     torch.set_rng_state(ck["rng"]["torch"])
     if device.type == "cuda" and ck["rng"]["cuda"] is not None:     # this GPU's only: the GPU count may change
         torch.cuda.set_rng_state(ck["rng"]["cuda"], device)
@@ -200,8 +202,12 @@ def resume_settings(args, given, defaults):
                 usable.append(f"{name} ({other['phase']} epoch {other['epoch']})")
         hint = f"still readable: {', '.join(usable)}" if usable else "no other readable checkpoint there"
         fail(f"--resume: {e}; {hint}; start again (an spt.pt can seed a new run: --init-from {folder}/spt.pt)")
+    if ck.get("device_type", "cpu") != (torch.device(args.device).type if args.device else
+                                        ("cuda" if torch.cuda.is_available() else "cpu")):
+        fail(f"--resume {folder}: it ran on {ck.get('device_type', 'cpu')}; resume it there (its mask generator "
+             f"and RNG states belong to that device type; --device may pick another device of that type)")
     saved = {**defaults, **ck["args"]}                          # flags newer than the checkpoint: their defaults
-    saved.setdefault("pretrain_batch_size", saved["batch_size"])
+    saved["pretrain_batch_size"] = saved.get("pretrain_batch_size") or saved["batch_size"]
     return argparse.Namespace(**{**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE}}), ck
 
 

@@ -13,10 +13,12 @@ tests/test_robustness.py (DDP equals 1 process, exact resume, NaN guard, every b
 import argparse
 import dataclasses
 import gc
+import hashlib
 import json
 import math
 import os
 import sys
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -34,131 +36,13 @@ from tqdm import tqdm  # noqa: E402
 
 import denoise  # noqa: E402
 import lra_data  # noqa: E402
+from heads import (Batch, Classifier, Denoiser, batch_loss, build_model, clean_input, finetune_inputs,  # noqa: E402,F401
+                   load_backbone, load_model, metrics, model_input, n_outputs, pool, read_checkpoint_for_init,
+                   spt_inputs, statistics)
 from presets import MODELS, apply_presets, check_flags, model_config, preset_values  # noqa: E402,F401 (train.MODELS)
 from runs import (all_sum, fail, file_lock, git_commit, join_process_group, log, rank_and_world, read_checkpoint,  # noqa: E402
                   restore_training_state, resume_settings, run_folder, save_checkpoint, setup_device, shard,
                   training_state)
-
-
-# ---- heads: what the backbone's features are trained to predict ---------------------------------------------------
-
-def pool(h, lengths, how):
-    """Pool features over real positions only (pads never count). h: (B, L, D), lengths: (B,) -> (B, D) float32.
-    A row with no real position (lengths 0) pools to zeros, whatever `how` is."""
-    h = h.float()                                                      # bf16 sums over 16k positions lose digits
-    real = torch.arange(h.size(1), device=h.device)[None, :] < lengths[:, None]   # (B, L)
-    if how == "mean":
-        return (h * real[..., None]).sum(1) / lengths[:, None].clamp(min=1)       # (B, D)
-    if how == "max":
-        z = h.masked_fill(~real[..., None], torch.finfo(h.dtype).min).amax(1)    # (B, D)
-    else:                                                              # "last", for causal models
-        z = h[torch.arange(h.size(0), device=h.device), (lengths - 1).clamp(min=0)]   # (B, D)
-    return z.masked_fill((lengths == 0)[:, None], 0.0)                 # (B, D)
-
-
-class Classifier(nn.Module):
-    """backbone -> pool over real positions -> Linear to C classes. Retrieval (pair=True): both documents go through
-    the same backbone (two towers); the head reads [a, b, a−b, a·b] as in LRA. forward: x (B, L) or (B, L, 2) or,
-    for pairs, (B, 2, L); lengths (B,) or (B, 2) -> logits (B, C)."""
-
-    def __init__(self, backbone, d_model, n_classes, pool, pair):
-        super().__init__()
-        self.backbone, self.pool, self.pair = backbone, pool, pair
-        if pair:
-            self.head = nn.Sequential(nn.Linear(4 * d_model, d_model), nn.GELU(), nn.Linear(d_model, n_classes))
-        else:
-            self.head = nn.Linear(d_model, n_classes)
-
-    def forward(self, x, lengths):
-        if self.pair:
-            B = x.size(0)
-            x, lengths = x.flatten(0, 1), lengths.flatten()              # (2B, L), (2B,): each document alone
-        z = pool(self.backbone(x, lengths), lengths, self.pool)          # (B or 2B, D)
-        if self.pair:
-            a, b = z.view(B, 2, -1).unbind(1)                            # (B, D) each
-            z = torch.cat([a, b, a - b, a * b], -1)                      # (B, 4D)
-        return self.head(z)                                              # (B, C)
-
-
-class Denoiser(nn.Module):
-    """backbone -> per-position denoising head D -> V (ids), 256 (grey levels) or 1 (Image values). The head is applied
-    only where the loss is taken: forward(x_in, lengths, mask (B, L) bool) -> predictions (M, V), M = mask.sum()."""
-
-    def __init__(self, backbone, d_model, n_out):
-        super().__init__()
-        self.backbone = backbone
-        self.denoise_head = nn.Linear(d_model, n_out)
-
-    def forward(self, x, lengths, mask):
-        return self.denoise_head(self.backbone(x, lengths)[mask])       # (B, L, D) -> (M, D) -> (M, V)
-
-
-def n_outputs(task):
-    """Width of the denoising head: V token ids, 256 grey levels (Pathfinder/PathX), or 1 normalised value (Image)."""
-    spec = lra_data.TASKS[task]
-    return spec.vocab_size if spec.kind == "tokens" else (1 if task == "image" else 256)
-
-
-def clean_input(x, task):
-    """(input, target) of a raw batch: token ids stay ids; pixels become normalised values (paper App. C), and the
-    denoising target is the grey level 0..255 as a class (Pathfinder/PathX) or the normalised value (Image, L1).
-    x: (B, L) long ids or uint8 pixels -> ((B, L) long or float, (B, L) long or float)."""
-    if lra_data.TASKS[task].kind == "tokens":
-        return x, x
-    value = lra_data.normalize(x, task).float()                          # (B, L)
-    return value, (value if task == "image" else x.long())
-
-
-def model_input(x, task):
-    """What a classifier reads for a raw batch x (B, L): token ids, or pixels as (B, L, 2) [value, 0 indicator]."""
-    value = clean_input(x, task)[0]                                      # (B, L)
-    return denoise.mask_input(value, torch.zeros(value.shape, dtype=torch.bool, device=x.device), lra_data.MASK)
-
-
-# ---- checkpoints: one plain dict each, rebuilt without the CLI ----------------------------------------------------
-
-def build_model(ck):
-    """Rebuild the model of a checkpoint dict without the CLI: Classifier or Denoiser around MODELS[...] backbone."""
-    Config, Model, _ = MODELS[ck["model_name"]]
-    backbone, head = Model(Config(**ck["config"])), ck["head"]
-    if head["kind"] == "denoise":
-        return Denoiser(backbone, ck["config"]["d_model"], head["n_out"])
-    return Classifier(backbone, ck["config"]["d_model"], head["n_classes"], head["pool"], head["pair"])
-
-
-def load_model(path, device="cpu"):
-    """Load a checkpoint written by train.py: returns (model in eval mode, the checkpoint dict)."""
-    ck = read_checkpoint(path, device)
-    model = build_model(ck).to(device)
-    model.load_state_dict(ck["model"])
-    return model.eval(), ck
-
-
-def load_backbone(model, state):
-    """Copy a checkpoint's backbone into a Classifier, strictly: the only keys allowed to differ are the checkpoint's
-    own head (expected unexpected: denoise_head.* from SPT, or head.*) and our new head (expected missing: head.*).
-    Anything else, or a shape mismatch, raises: a pre-trained backbone must never be silently skipped."""
-    old_head = sorted(k for k in state if not k.startswith("backbone."))
-    new_head = sorted(k for k in model.state_dict() if not k.startswith("backbone."))
-    result = model.load_state_dict({k: v for k, v in state.items() if k not in old_head}, strict=False)
-    if sorted(result.missing_keys) != new_head or result.unexpected_keys:
-        raise RuntimeError(f"backbone keys do not match: missing {sorted(set(result.missing_keys) - set(new_head))}, "
-                           f"unexpected {result.unexpected_keys}")
-    return old_head, new_head
-
-
-def read_checkpoint_for_init(path, model_name, task, config, device):
-    """Read a checkpoint whose backbone is to be fine-tuned; ValueError (one line) if it cannot serve this run."""
-    ck = read_checkpoint(path, device)
-    if (ck["model_name"], ck["task"]) != (model_name, task):
-        raise ValueError(f"{path}: a {ck['model_name']} checkpoint for {ck['task']}, but this run is "
-                         f"{model_name} on {task}; pass the --model and --task it was made with")
-    init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}          # may differ: not in the weights
-    differ = [k for k in config if k not in init_only and ck["config"].get(k) != config[k]]
-    if differ:
-        theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ) for c in (ck["config"], config))
-        raise ValueError(f"{path}: its {theirs} differ from this run's {ours}; pass the model flags it was made with")
-    return ck
 
 
 # ---- optimiser and schedule ----------------------------------------------------------------------------------------
@@ -196,203 +80,193 @@ def lr_factor(step, warmup, total, schedule):
     return 1.0
 
 
-# ---- one batch, its metrics, one evaluation ------------------------------------------------------------------------
-
-def spt_batch(model, batch, gen, task, objective, ratio, rows):
-    """One denoising batch, the examples `rows` of it: corrupt (or shift) the inputs, predict at the selected positions
-    -> (loss, sums). Masks are drawn for the whole batch, then cut, so each DDP process masks as one process would.
-    Token sequences end with EOS, which is never masked (a trivial target)."""
-    x, lengths, _ = batch                                                # labels are not used in pre-training
-    device = next(model.parameters()).device
-    x, lengths = x.to(device), lengths.to(device)
-    if lra_data.TASKS[task].pair:                                        # (2B, L), (2B,): each document on its own
-        x, lengths, rows = x.flatten(0, 1), lengths.flatten(), slice(2 * rows.start, 2 * rows.stop)
-    value, target = clean_input(x, task)                                 # (B, L) each
-    if objective == "masked":
-        content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths   # EOS is the last real token
-        mask = denoise.sample_mask(content, x.size(1), ratio, gen)       # (B, L) bool
-        x_in = denoise.mask_input(value, mask, lra_data.MASK)            # (B, L) ids or (B, L, 2) floats
-    else:
-        target, mask = denoise.next_token(target, lengths)               # (B, L) each
-        x_in = denoise.mask_input(value, torch.zeros_like(mask), lra_data.MASK)
-    x_in, target, mask, lengths = x_in[rows], target[rows], mask[rows], lengths[rows]   # (b, L, ...)
-    pred = model(x_in, lengths, mask)                                    # (M, V) or (M, 1)
-    target = target[mask]                                                # (M,)
-    loss = denoise.loss(pred, target)
-    return loss, sums(pred.detach(), target, loss.detach())
-
-
-def finetune_batch(model, batch, gen, task, rows=slice(None)):
-    """One classification batch, the examples `rows` of it -> (cross-entropy, sums). `gen` is unused."""
-    x, lengths, y = (t[rows] for t in batch)
-    device = next(model.parameters()).device
-    logits = model(model_input(x.to(device), task), lengths.to(device))  # (B, C)
-    loss = denoise.loss(logits, y.to(device))                            # cross-entropy
-    return loss, sums(logits.detach(), y.to(device), loss.detach())
-
-
-def sums(pred, target, mean_loss):
-    """Additive statistics of one batch, so metrics over many batches are exact: n, summed loss, and either
-    correct predictions (classes) or the sums that R² needs (values). pred: (M, V) or (M, 1), target: (M,)."""
-    n = target.numel()
-    out = {"n": n, "loss": mean_loss.item() * n}
-    if target.is_floating_point():
-        residual = pred.float().squeeze(-1) - target
-        out.update(sse=residual.pow(2).sum().item(), sum=target.sum().item(), sumsq=target.pow(2).sum().item())
-    else:
-        out["correct"] = (pred.argmax(-1) == target).sum().item()
-    return out
-
-
-def add(total, batch):
-    """Accumulate `sums` dicts key by key."""
-    for k, v in batch.items():
-        total[k] = total.get(k, 0) + v
-    return total
-
-
-def metrics(total):
-    """loss and accuracy (classes) or R² = 1 - SSE/SST (values) from accumulated `sums`; higher metric is better."""
-    n = max(total.get("n", 0), 1)
-    out = {"loss": total.get("loss", float("nan")) / n}
-    if "sse" in total:
-        sst = total["sumsq"] - total["sum"] ** 2 / n
-        out["r2"] = 1.0 - total["sse"] / max(sst, 1e-12)
-    else:
-        out["acc"] = total.get("correct", 0) / n
-    return out
-
-
 @torch.no_grad()
-def evaluate(model, batch_fn, loader, seed, amp):
-    """Metrics over a whole split; SPT masks come from a generator re-seeded every time, so epochs compare alike.
-    DDP: each process scores its rows of every batch and the sums are added up."""
+def evaluate(model, prepare, loader, seed, amp):
+    """Metrics over a whole split, summed on the device and read once; SPT masks come from a generator re-seeded
+    every time, so epochs compare alike. DDP: each process scores its rows of every batch; the sums are added up."""
     model.eval()
-    gen, total = torch.Generator().manual_seed(seed), {}
+    device = next(model.parameters()).device
+    gen, total = torch.Generator(device).manual_seed(seed), 0
     for batch in loader:
-        rows, keep = shard(len(batch[2]))
+        b = prepare(batch, gen=gen)
+        rows, keep = shard(len(b.weight))
         with amp():
-            batch_sums = batch_fn(model, batch, gen, rows=rows)[1]
-        add(total, batch_sums if keep else dict.fromkeys(batch_sums, 0))
+            total = total + batch_loss(model, b, rows, 1.0)[1] * keep
     model.train()
     return metrics(all_sum(total))
 
 
-def check_finite(loss, model, phase, step):
-    """Stop at the first non-finite loss or gradient (called after backward, before the optimiser step), naming the
-    step and the first parameter whose gradient (or value) is not finite. Checkpoints written so far stay valid."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if torch.isfinite(loss) and (not grads or torch.isfinite(torch.stack([g.float().norm() for g in grads]).sum())):
-        return
-    bad = next((f"gradient of {n}" for n, p in model.named_parameters() if p.grad is not None and not p.grad.isfinite().all()),
-               next((f"value of {n}" for n, p in model.named_parameters() if not p.isfinite().all()), "no parameter"))
-    raise SystemExit(f"train.py: {phase} step {step}: loss {loss.item():.4g}, first non-finite: {bad}; stopped before "
-                     f"the optimiser step, checkpoints so far are intact (try a lower --lr / --pretrain-lr)")
-
-
 # ---- one training phase --------------------------------------------------------------------------------------------
+
+PROGRESS_STEPS = 25      # the progress bar (and the non-finite guard) read device values once every this many steps
+
 
 class Phase(NamedTuple):
     name: str               # "spt" or "finetune"
     epochs: int
     lr: float
     batch_size: int
+    accum_steps: int        # micro-batches per step: the same update in 1/accum_steps of the activation memory
     best_file: str          # spt.pt or best.pt: the checkpoint kept for the next phase / the test
     select: str             # the validation metric that picks it: "loss" (SPT) or "acc" (fine-tuning)
 
 
-def autocast(args, device):
-    """The one place that builds autocast: bf16 on CUDA with --amp (the SSM FFTs stay float32 inside), else none."""
-    if args.amp and device.type == "cuda":
-        return partial(torch.autocast, "cuda", torch.bfloat16)
-    return contextlib.nullcontext
+def precision(args, device):
+    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler or None).
+    Default: bf16 autocast on CUDA with compute capability ≥ 8 (TF32 for what stays fp32), fp16 autocast with a
+    gradient scaler on older GPUs (V100, T4), fp32 on CPU. The SSM kernels and FFT convolutions run in fp32 inside
+    autocast (ssm.py). --amp is the old name of --precision bf16."""
+    name = args.precision or ("bf16" if args.amp else None)
+    if name is None:
+        name = "fp32" if device.type != "cuda" else ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8
+                                                     else "fp16")
+    if name in ("tf32", "bf16") and device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
+    amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
+    return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
 
 
-def run_phase(phase, model, batch_fn, splits, args, run_dir, meta, resume=None):
-    """Train for phase.epochs epochs (AdamW, warm-up schedule); after every args.eval_every-th epoch and the last,
-    evaluate on val and write two checkpoints: the best so far (phase.best_file) and last.pt, the state to continue
-    from. `resume`: a last.pt of this phase; training then continues after its epoch exactly as if never stopped.
+def guard_step(model, loss, opt, scaler, record, step):
+    """The optimiser step behind a device-side guard: one fused reduction (torch._foreach_norm) over all gradients
+    decides, on the device, whether this update is finite; a non-finite update is skipped inside the fused AdamW
+    kernel (found_inf), so it never reaches the weights, and `record` keeps the first such [step, parameter index].
+    fp16: overflowing gradients are the scaler's business (it skips and lowers its scale); only a non-finite loss is
+    an error. Nothing here reads a device value: check_finite does, once per progress interval."""
+    if scaler is not None:
+        scaler.unscale_(opt)
+    grads = [p.grad if p.grad is not None else p.new_zeros(()) for p in model.parameters() if p.requires_grad]
+    finite = torch.isfinite(torch.stack(torch._foreach_norm(grads)))    # (P,) bool
+    error = ~torch.isfinite(loss.detach()) if scaler is not None else ~(finite.all() & torch.isfinite(loss.detach()))
+    first_bad = torch.where(finite.all(), -1, (~finite).int().argmax())   # index into the trained parameters
+    update = torch.stack([step.float(), first_bad.float()])
+    record.copy_(torch.where((record[0] < 0) & error, update, record))
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.found_inf = error.float()                                    # read by the fused kernel, on the device
+        opt.step()
+
+
+def check_finite(record, model, phase):
+    """Stop at a recorded non-finite update (read once per progress interval), naming its step and the first
+    parameter whose gradient was not finite. The guard skipped it: weights and checkpoints so far are intact."""
+    step, index = record.tolist()
+    if step < 0:
+        return
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    bad = f"gradient of {names[int(index)]}" if index >= 0 else "the loss itself"
+    raise SystemExit(f"train.py: {phase} step {int(step)}: non-finite loss or gradient, first non-finite: {bad}; the "
+                     f"update was skipped, checkpoints so far are intact (try a lower --lr / --pretrain-lr)")
+
+
+def make_optimizer(phase, model, args, ssm_lr, n_train):
+    """Fused AdamW (its kernel can skip a step on the device) with the SSM groups, the warm-up schedule, and the
+    step budget of the phase -> (opt, sched, total steps)."""
+    opt = torch.optim.AdamW(param_groups(model, phase.lr, args.weight_decay, ssm_lr, MODELS[args.model][2]), fused=True)
+    total = min(phase.epochs * math.ceil(n_train / phase.batch_size), args.max_steps or float("inf"))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(lr_factor, warmup=args.warmup, total=total,
+                                                           schedule=args.schedule))
+    return opt, sched, total
+
+
+def run_phase(phase, model, prepare, splits, args, run_dir, meta, resume=None):
+    """Train for phase.epochs epochs; after every args.eval_every-th epoch and the last, evaluate on val and write
+    two checkpoints: the best so far (phase.best_file) and last.pt, the state to continue from. `resume`: a last.pt
+    of this phase; training then continues after its epoch exactly as if never stopped.
     Returns {"metric", "best", "epoch", "val", "steps", "seconds"}."""
     start, device, (rank, world) = time.time(), next(model.parameters()).device, rank_and_world()
     forward = DDP(model, device_ids=[device] if device.type == "cuda" else None) if world > 1 else model
     forward = torch.compile(forward) if args.compile else forward      # save `model`: no `module.`, `_orig_mod.`
-    ssm_lr = meta["config"].get("ssm_lr", phase.lr)
-    opt = torch.optim.AdamW(param_groups(model, phase.lr, args.weight_decay, ssm_lr, MODELS[args.model][2]))
-    total = min(phase.epochs * math.ceil(len(splits["train"]) / phase.batch_size), args.max_steps or float("inf"))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(lr_factor, warmup=args.warmup, total=total,
-                                                           schedule=args.schedule))
+    opt, sched, total = make_optimizer(phase, model, args, meta["config"].get("ssm_lr", phase.lr), len(splits["train"]))
     gens = {"order": torch.Generator().manual_seed(args.seed + 1),      # batch order, the same in TFS and SPT runs
-            "mask": torch.Generator().manual_seed(args.seed + 2)}       # SPT masks
+            "mask": torch.Generator(device).manual_seed(args.seed + 2)}  # SPT masks, drawn on the device
     best, step, done, before = {"name": f"val_{phase.select}", "value": None, "epoch": 0, "val": {}}, 0, 0, 0.0
     if resume is not None:
         restore_training_state(resume, model, opt, sched, gens, device)
         best, step, done, before = resume["best"], resume["step"], resume["epoch"], resume["seconds"]
-    amp, val_loader = autocast(args, device), loader(splits["val"], phase.batch_size, args)
-    since_eval = {}                                                      # training sums since the last evaluation
+    _, amp, scaler = precision(args, device)
+    batches = loader(splits["train"], phase.batch_size, args, device, order=gens["order"])
+    val_batches = loader(splits["val"], phase.batch_size, args, device)
+    since_eval = 0                                                       # training statistics since the last evaluation
     model.train()
     for epoch in range(done + 1, phase.epochs + 1):
         if step >= total:
             break
         if rank > 0:                        # own dropout masks per process; rank 0's RNG is the one checkpointed
             torch.manual_seed(args.seed + 1000 * rank + epoch)
-        order = torch.randperm(len(splits["train"]), generator=gens["order"]).tolist()   # global batches, everywhere
-        batches = loader(torch.utils.data.Subset(splits["train"], order), phase.batch_size, args)
-        step, train = train_epoch(f"{phase.name} {epoch}/{phase.epochs}", forward, model, batch_fn, batches,
-                                  (opt, sched), gens["mask"], (step, total), amp)
-        add(since_eval, train)
+        step, train = train_epoch(f"{phase.name} {epoch}/{phase.epochs}", forward, model, prepare, batches,
+                                  (opt, sched, scaler), gens["mask"], (step, total, phase.accum_steps), amp)
+        since_eval = since_eval + train
         if epoch % args.eval_every and epoch < phase.epochs and step < total:   # evaluate every k-th epoch and last
             continue
-        val = evaluate(forward, batch_fn, val_loader, args.seed + 3, amp)
+        val = evaluate(forward, prepare, val_batches, args.seed + 3, amp)
         score = (lambda r: -r["loss"]) if phase.select == "loss" else (lambda r: r["acc"])
         improved = best["epoch"] == 0 or score(val) > score(best["val"])
         if improved:
             best = {"name": f"val_{phase.select}", "value": val[phase.select], "epoch": epoch, "val": val}
         seconds = before + time.time() - start
-        state = {**meta, **training_state(model, opt, sched, gens, device), "phase": phase.name, "epoch": epoch,
-                 "step": step, "best": best, "seconds": seconds}
+        state = {**meta, **training_state(model, opt, sched, gens, device, scaler), "phase": phase.name,
+                 "epoch": epoch, "step": step, "best": best, "seconds": seconds}
         if rank == 0:                                                    # DDP: one writer, the states are equal
             if improved:
                 save_checkpoint(run_dir / phase.best_file, state)
             save_checkpoint(run_dir / "last.pt", state)                  # written last: resume never misses a best
         log_evaluation(run_dir, phase, epoch, step, metrics(all_sum(since_eval)), val, improved, opt, seconds)
-        since_eval = {}
+        since_eval = 0
     if world > 1:
         dist.barrier()                                                   # the others read spt.pt / best.pt next
     return {"metric": best["name"], "best": best["value"], "epoch": best["epoch"], "val": best["val"], "steps": step,
             "seconds": before + time.time() - start}
 
 
-def train_epoch(desc, forward, model, batch_fn, batches, optimizer, mask_gen, steps, amp):
-    """One pass over `batches`: forward, backward, non-finite guard, AdamW and schedule step per batch, until the
-    phase's step budget. optimizer: (opt, sched); steps: (step so far, total). Returns (step, training sums of this
-    process). A Ctrl-C is re-raised naming the phase, epoch and step where it hit."""
-    (opt, sched), (step, total), (rank, world) = optimizer, steps, rank_and_world()
-    train, metric = {}, None
-    bar = tqdm(batches, desc=desc, leave=False, dynamic_ncols=True, mininterval=1.0, disable=rank > 0)
+def train_epoch(desc, forward, model, prepare, batches, optimizer, mask_gen, steps, amp):
+    """One pass over `batches`, each step as in nanoGPT: the global batch to the device, forward and backward over
+    accum_steps micro-batches of this process's rows (DDP syncs gradients on the last one only), the guarded
+    optimiser step, the schedule. optimizer: (opt, sched, scaler); steps: (step, total, accum_steps). Device values
+    are read once per PROGRESS_STEPS steps. Returns (step, training statistics of this process). A Ctrl-C is re-raised
+    naming the phase, epoch and step where it hit."""
+    (opt, sched, scaler), (step, total, accum), (rank, world) = optimizer, steps, rank_and_world()
+    device = next(model.parameters()).device
+    record, step_t = torch.full((2,), -1.0, device=device), torch.tensor(step, device=device)   # guard, step
+    train, shown = 0, {}
+    bar = tqdm(batches, desc=desc, leave=False, dynamic_ncols=True, disable=rank > 0)
     try:
         for batch in bar:
-            rows, keep = shard(len(batch[2]))                            # this process's examples of the batch
-            with amp():
-                loss, batch_sums = batch_fn(forward, batch, mask_gen, rows=rows)
-            batch_sums = batch_sums if keep else dict.fromkeys(batch_sums, 0)
-            if world > 1:  # DDP averages the processes' gradients: weigh each one's mean loss by its share of the
-                loss = loss * batch_sums["n"] * world / all_sum({"n": batch_sums["n"]})["n"]   # global count
+            b = prepare(batch, gen=mask_gen)
+            n = b.weight.sum() / world                                   # DDP averages: each process's share
+            rows, keep = shard(len(b.weight))                            # this process's examples of the batch
+            parts = micro_batches(rows, accum)
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                with forward.no_sync() if world > 1 and not last else contextlib.nullcontext(), amp():
+                    loss, stats = batch_loss(forward, b, part, n)
+                (scaler.scale(loss * keep) if scaler else loss * keep).backward()
+                train = train + stats * keep
+            guard_step(model, loss, opt, scaler, record, step_t)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            check_finite(loss, model, desc.split()[0], step)
-            opt.step()
             sched.step()
-            step += 1
-            m = metrics(add(train, batch_sums))                          # this process's share, for the bar
-            metric = metric or ("r2" if "r2" in m else "acc")
-            bar.set_postfix({"loss": f"{m['loss']:.4f}", metric: f"{m[metric]:.3f}"}, refresh=False)
+            step, step_t = step + 1, step_t + 1
+            if step % PROGRESS_STEPS == 0 or step >= total:
+                check_finite(record, model, desc.split()[0])
+                shown = metrics(train)
+                bar.set_postfix({k: f"{v:.4f}" for k, v in shown.items()})
             if step >= total:
                 break
+        check_finite(record, model, desc.split()[0])
     except KeyboardInterrupt:
         raise KeyboardInterrupt(f"{desc.replace(' ', ' epoch ', 1)}, step {step}") from None
     finally:
         bar.close()
     return step, train
+
+
+def micro_batches(rows, k):
+    """rows (a slice) in k contiguous, near-equal parts (fewer when there are fewer rows)."""
+    n = rows.stop - rows.start
+    bounds = [rows.start + (n * i) // k for i in range(k + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a] or [rows]
 
 
 def log_evaluation(run_dir, phase, epoch, step, train, val, improved, opt, seconds):
@@ -405,9 +279,36 @@ def log_evaluation(run_dir, phase, epoch, step, train, val, improved, opt, secon
          "val_loss": val["loss"], f"val_{metric}": val[metric], "lr": lr, "elapsed_s": seconds})
 
 
-def loader(dataset, batch_size, args):
-    """Batches of `dataset` in its own order (the caller shuffles), padded by lra_data.collate."""
-    return torch.utils.data.DataLoader(dataset, batch_size, collate_fn=lra_data.collate, num_workers=args.workers)
+class SeededOrder(torch.utils.data.Sampler):
+    """A new permutation of the n examples at every pass, drawn from `gen` (its state is in last.pt), so one
+    DataLoader (with persistent workers) serves every epoch and the order is that of a 1-process run everywhere."""
+
+    def __init__(self, n, gen):
+        self.n, self.gen = n, gen
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.gen).tolist())
+
+    def __len__(self):
+        return self.n
+
+
+def loader(dataset, batch_size, args, device, order=None):
+    """Batches of `dataset` padded by lra_data.collate (--compile: to a power-of-two length, so the compiled model
+    sees few shapes): in a new seeded order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory,
+    persistent workers that prefetch."""
+    workers, cuda = args.workers, device.type == "cuda"
+    return torch.utils.data.DataLoader(dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
+                                       collate_fn=collate_bucketed if args.compile else lra_data.collate,
+                                       num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0,
+                                       prefetch_factor=4 if workers > 0 else None)
+
+
+def collate_bucketed(batch):
+    """lra_data.collate, then padded up to the next power of two (padding never changes real outputs)."""
+    x, lengths, y = lra_data.collate(batch)
+    L = x.size(-1)
+    return nn.functional.pad(x, (0, (1 << (L - 1).bit_length()) - L), value=lra_data.PAD), lengths, y
 
 
 # ---- the steps of main() -------------------------------------------------------------------------------------------
@@ -428,7 +329,11 @@ def parse_flags(argv):
                    "and after the last (--resume continues from the last evaluation)")
     p.add_argument("--max-steps", type=int, default=0, help="stop each phase after this many steps (0: no limit)")
     p.add_argument("--batch-size", type=int, default=None, help="fine-tuning examples per step, all processes together (default: preset)")
-    p.add_argument("--pretrain-batch-size", type=int, default=None, help="SPT examples per step (default: preset)")
+    p.add_argument("--pretrain-batch-size", type=int, default=None, help="SPT examples per step (default: the "
+                   "preset's; CPU presets: --batch-size)")
+    p.add_argument("--accum-steps", type=int, default=None, help="fine-tuning: split each step into this many "
+                   "micro-batches (the same update, less memory; default: preset)")
+    p.add_argument("--pretrain-accum-steps", type=int, default=None, help="SPT micro-batches per step (default: preset)")
     p.add_argument("--lr", type=float, default=None, help="fine-tuning learning rate (default: preset)")
     p.add_argument("--pretrain-lr", type=float, default=None, help="SPT learning rate (default: preset)")
     p.add_argument("--ssm-lr", type=float, default=None, help="lr of the SSM parameters, no weight decay (default: the model config's)")
@@ -449,10 +354,13 @@ def parse_flags(argv):
                    "EOS included (default: LRA's 4096 / 4000)")
     p.add_argument("--max-train", type=int, default=None, help="use at most this many training examples, 0: all (default: preset)")
     p.add_argument("--max-eval", type=int, default=None, help="use at most this many val and test examples, 0: all (default: preset)")
-    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (default: 0 on CPU; on "
+                   "CUDA 8, or the CPU cores per process if fewer)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model init; batch order and masks use seed+1, seed+2")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
-    p.add_argument("--amp", action="store_true", help="bf16 autocast on CUDA (the FFT convolutions stay float32)")
+    p.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None, help="autocast dtype (the "
+                   "SSM FFTs stay fp32); default: bf16 on CUDA compute capability >= 8, fp16 + scaler below, fp32 on CPU")
+    p.add_argument("--amp", action="store_true", help="old name of --precision bf16")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (checkpoints keep plain keys)")
     p.add_argument("--out", default="runs", help="parent folder of the run folder")
     p.add_argument("--init-from", default=None, help="fine-tune from the backbone of this checkpoint (e.g. an earlier run's spt.pt)")
@@ -464,11 +372,11 @@ def parse_flags(argv):
 
 def load_data(args):
     """The three splits, each capped at --max-train / --max-eval by a fixed random subset. Generating and caching run
-    under a file lock before any collective, so DDP processes never wait on a collective's timeout for them."""
-    cache = lra_data.cache_root(args.data_dir, args.cache_dir)
-    cache.mkdir(parents=True, exist_ok=True)
+    under a file lock before any collective, so DDP processes wait on the lock, never on a collective's timeout."""
+    data_dir = Path(args.data_dir).resolve()
+    lock = Path(tempfile.gettempdir()) / f"lra-prepare-{hashlib.sha1(str(data_dir).encode()).hexdigest()[:12]}.lock"
     try:
-        with file_lock(cache / "prepare.lock", busy=None):              # other processes wait here, not in a barrier
+        with file_lock(lock, busy=None):                                 # the other processes wait here
             splits = {split: lra_data.load(args.task, split, args.data_dir, generate=args.generate or None,
                                            data_fraction=args.data_fraction if split == "train" else 1.0,
                                            difficulty=args.difficulty, cache_dir=args.cache_dir,
@@ -491,10 +399,11 @@ def pretrain(args, cfg, meta, splits, run_dir, device, resume):
     """Phase 1: a fresh backbone + denoising head on the training inputs; the best one (val loss) is saved as spt.pt."""
     torch.manual_seed(args.seed)
     denoiser = Denoiser(MODELS[args.model][1](cfg), cfg.d_model, n_outputs(args.task)).to(device)
-    phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size, "spt.pt", "loss")
-    batch_fn = partial(spt_batch, task=args.task, objective=args.objective, ratio=args.mask_ratio)
+    phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size, args.pretrain_accum_steps,
+                  "spt.pt", "loss")
+    prepare = partial(spt_inputs, task=args.task, device=device, objective=args.objective, ratio=args.mask_ratio)
     spt_meta = dict(meta, head=dict(kind="denoise", n_out=n_outputs(args.task)))
-    return run_phase(phase, denoiser, batch_fn, splits, args, run_dir, spt_meta, resume)
+    return run_phase(phase, denoiser, prepare, splits, args, run_dir, spt_meta, resume)
 
 
 def load_pretrained(classifier, args, run_dir, device, init_ck=None):
@@ -512,8 +421,9 @@ def load_pretrained(classifier, args, run_dir, device, init_ck=None):
 def test_best(classifier, args, splits, run_dir, device):
     """Test accuracy of the checkpoint with the best validation accuracy (best.pt)."""
     classifier.load_state_dict(read_checkpoint(run_dir / "best.pt", device)["model"])
-    fn = partial(finetune_batch, task=args.task)
-    return evaluate(classifier, fn, loader(splits["test"], args.batch_size, args), args.seed + 3, autocast(args, device))
+    prepare = partial(finetune_inputs, task=args.task, device=device)
+    test_batches = loader(splits["test"], args.batch_size, args, device)
+    return evaluate(classifier, prepare, test_batches, args.seed + 3, precision(args, device)[1])
 
 
 def main(argv=None):
@@ -528,6 +438,9 @@ def main(argv=None):
     except ValueError as e:
         fail(str(e))
     device, world = setup_device(args)
+    args.precision = precision(args, device)[0]                          # resolved once, printed, in config.json
+    if args.workers is None:                                             # CUDA: loader processes keep the GPU fed
+        args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
     t_data = time.time()
     splits, source, data_notes = load_data(args)                         # before any collective (DDP start-up)
     seconds = {"data": time.time() - t_data}
@@ -581,9 +494,8 @@ def startup_lines(args, how, notes, device, world, threads, splits, source, data
     plan = (f"SPT {args.objective}{f' (mask ratio {args.mask_ratio})' if args.objective == 'masked' else ''}, "
             f"then fine-tune" if args.spt else f"fine-tune from {args.init_from}" if args.init_from
             else "from scratch (TFS)")
-    extras = (f"{f' × {world} processes (DDP)' if world > 1 else ''}"
-              f"{' + bf16 autocast' if args.amp and device.type == 'cuda' else ''}"
-              f"{' + torch.compile' if args.compile else ''}")
+    extras = f"{f' × {world} processes (DDP)' if world > 1 else ''} | precision {args.precision}" + \
+        (" + torch.compile" if args.compile else "")
     n_backbone = sum(p.numel() for p in classifier.backbone.parameters())
     n_head = sum(p.numel() for p in classifier.head.parameters())
     sizes = " / ".join(f"{split} {len(splits[split]):,}" for split in ("train", "val", "test"))
@@ -591,7 +503,6 @@ def startup_lines(args, how, notes, device, world, threads, splits, source, data
             f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
             f"device {device}{extras} | torch {torch.__version__} | {threads['torch_threads']} threads | "
             f"git {git_commit()}",
-            *(["note: --amp is ignored on CPU (bf16 autocast is for CUDA)"] if args.amp and device.type != "cuda" else []),
             "settings: " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
             f"data: {source} | {sizes} | {t_data:.1f} s", *(f"data note: {n}" for n in data_notes),
             f"model {type(classifier.backbone).__name__}({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
@@ -607,8 +518,8 @@ def run_both_phases(args, cfg, meta, classifier, splits, run_dir, device, resume
         seconds["spt"] = spt["seconds"]
     if (args.spt or args.init_from) and not resuming_ft:                # else last.pt holds the whole state
         load_pretrained(classifier, args, run_dir, device, init_ck)
-    phase = Phase("finetune", args.epochs, args.lr, args.batch_size, "best.pt", "acc")
-    ft = run_phase(phase, classifier, partial(finetune_batch, task=args.task), splits, args, run_dir,
+    phase = Phase("finetune", args.epochs, args.lr, args.batch_size, args.accum_steps, "best.pt", "acc")
+    ft = run_phase(phase, classifier, partial(finetune_inputs, task=args.task, device=device), splits, args, run_dir,
                    dict(meta, spt=spt), resume if resuming_ft else None)
     seconds["finetune"] = ft["seconds"]
     t_test = time.time()

@@ -67,7 +67,7 @@ def test_paper_preset_parameter_count_matches_the_table(model, task):
 
 @pytest.mark.parametrize("model, task", CASES)
 def test_paper_preset_model_trains_one_step_at_reduced_length(model, task):
-    """One fine-tuning batch through train.finetune_batch (the loader's raw format -> model input -> cross-entropy),
+    """One fine-tuning batch through train.finetune_inputs and batch_loss (raw batch -> model input -> cross-entropy),
     then backward: the loss and every parameter's gradient are finite. PathX models switch to block-local attention
     at L ≥ 16,384 (blocks of 4,096); here they switch at L = 128 with blocks of 32 (the same ratio), so that path is
     the one run. Block sizes are not parameters: the count is the paper model's."""
@@ -76,7 +76,8 @@ def test_paper_preset_model_trains_one_step_at_reduced_length(model, task):
     if model == "transformer" and cfg.local_min_len <= lra_data.TASKS[task].max_len:   # PathX, PathX-256
         cfg = dataclasses.replace(cfg, block_size=L * cfg.block_size // cfg.local_min_len, local_min_len=L)
     classifier = paper_classifier(model, task, cfg).train()
-    loss, _ = train.finetune_batch(classifier, short_batch(task, 2, torch.Generator().manual_seed(0)), None, task)
+    batch = train.finetune_inputs(short_batch(task, 2, torch.Generator().manual_seed(0)), task, torch.device("cpu"))
+    loss, _ = train.batch_loss(classifier, batch)
     loss.backward()
     assert math.isfinite(loss.item()), f"{model}/{task}: loss {loss.item()} at L = {L}"
     missing = [name for name, p in classifier.named_parameters() if p.grad is None]

@@ -79,16 +79,16 @@ def test_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(stop_in,
     flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3", "--epochs", "3",
              "--max-train", "32", "--batch-size", "8", "--dropout", "0.1"]    # 4 steps per epoch; dropout uses the RNG
     full, full_dir = run(data_dir, tmp_path / "full", *flags)
-    kill_at, calls, check = (6 if stop_in == "spt" else 18), [], train.check_finite   # step 6: SPT epoch 2; 18: FT epoch 2
+    kill_at, calls, step = (6 if stop_in == "spt" else 18), [], train.guard_step   # step 6: SPT epoch 2; 18: FT epoch 2
     def killed(*a):                                      # the kill_at-th optimiser step is hit by a Ctrl-C
         calls.append(1)
         if len(calls) == kill_at:
             raise KeyboardInterrupt
-        return check(*a)
-    monkeypatch.setattr(train, "check_finite", killed)
+        return step(*a)
+    monkeypatch.setattr(train, "guard_step", killed)
     with pytest.raises(SystemExit) as stop:
         run(data_dir, tmp_path / "cut", *flags)
-    monkeypatch.setattr(train, "check_finite", check)
+    monkeypatch.setattr(train, "guard_step", step)
     cut_dir = next((tmp_path / "cut").iterdir())
     message = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train.py:")]   # not tqdm's
     assert stop.value.code == 130 and len(message) == 1 and f"--resume {cut_dir}" in message[0], message
@@ -145,6 +145,7 @@ def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir,
     (["--model", "transformer", "--d-model", "30"], "d_model=30"),       # 30 is not divisible into 4 even heads
     (["--device", "foo"], "--device foo"),
     (["--device", "cuda:7"], "--device cuda:7"),
+    (["--accum-steps", "0"], "--accum-steps 0"),
 ])
 def test_bad_flag_exits_with_status_2_and_one_line_before_any_run_folder(flags, says, data_dir, tmp_path, capsys):
     exits_with_one_line(["--task", "listops", "--data-dir", str(data_dir), "--out", str(tmp_path / "runs"), *TINY,
@@ -338,3 +339,76 @@ def test_iterating_a_pathx_sized_memmap_keeps_it_out_of_process_memory(tmp_path)
     # would count the touched pages of a memmap) grows with the file.
     assert got["seen"] == n and got["anon_growth_mb"] < 100, f"private memory grew while reading 328 MB: {got}"
     assert got["max_rss_growth_mb"] < 100, f"resident memory grew while reading 328 MB: {got}"
+
+
+# ---- the GPU path, checked on the CPU: no host reads per step, accumulation, precision -----------------------------
+
+def count_host_reads(monkeypatch):
+    """Count calls of Tensor.item, .cpu() and .tolist(): the ways a training step would read a device value."""
+    calls = {"n": 0}
+    for name in ("item", "cpu", "tolist"):
+        method = getattr(torch.Tensor, name)
+        def counted(self, *a, _method=method, **k):
+            calls["n"] += 1
+            return _method(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return calls
+
+
+def test_host_reads_per_training_step_do_not_grow_with_the_number_of_steps(data_dir, tmp_path, monkeypatch):
+    # N and 2N steps per phase (one epoch each, fewer steps than a progress interval): the reads are those of the
+    # evaluations and the end of each epoch, none per step
+    calls = count_host_reads(monkeypatch)
+    counts = []
+    for steps in (3, 6):
+        calls["n"] = 0
+        run(data_dir, tmp_path / str(steps), "--model", "dlr", "--task", "listops", "--spt", "--batch-size", "4",
+            "--max-train", str(4 * steps), "--epochs", "1", "--pretrain-epochs", "1")
+        counts.append(calls["n"])
+    assert train.PROGRESS_STEPS > 6 and counts[0] == counts[1], f"host reads for 3 and 6 steps a phase: {counts}"
+
+
+@pytest.mark.parametrize("task, objective", [("listops", "masked"), ("listops", None), ("pathfinder", None)])
+def test_gradient_accumulation_over_k_micro_batches_equals_one_full_batch(task, objective, data_dir, tmp_path):
+    # listops: padded token batches (rows of different lengths, masks of different sizes); pathfinder: pixels
+    torch.manual_seed(0)
+    if task == "pathfinder":
+        lra_data.generate_pathfinder(tmp_path, res=32, n=40, contour_length=14)
+        data_dir = tmp_path
+    data = lra_data.load(task, "train", data_dir, cache_dir=tmp_path / "cache")
+    batch = lra_data.collate([data[i] for i in range(12)])
+    Config, Model, _ = train.MODELS["s4"]
+    spec, cpu = lra_data.TASKS[task], torch.device("cpu")
+    cfg = Config(d_model=8, n_layers=1, d_state=8, dropout=0.0, vocab_size=spec.vocab_size if task == "listops" else None,
+                 d_input=1 if task == "listops" else 2, norm="layer")
+    if objective:
+        model = train.Denoiser(Model(cfg), 8, train.n_outputs(task)).double()
+        b = train.spt_inputs(batch, task, cpu, torch.Generator().manual_seed(1), ratio=0.3)
+    else:
+        model = train.Classifier(Model(cfg), 8, spec.n_classes, spec.pool, spec.pair).double()
+        b = train.finetune_inputs(batch, task, cpu)
+    b = b._replace(x=b.x.double() if b.x.is_floating_point() else b.x)
+    grads = []
+    for k in (1, 3, 5):
+        model.zero_grad()
+        for part in train.micro_batches(slice(0, 12), k):
+            train.batch_loss(model, b, part, b.weight.sum())[0].backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    for k, g in zip((3, 5), grads[1:]):
+        torch.testing.assert_close(g, grads[0], atol=1e-5, rtol=1e-5, msg=f"{k} micro-batches != one batch ({task})")
+
+
+def test_accum_steps_flag_trains_exactly_as_one_batch(data_dir, tmp_path):
+    flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "2", "--epochs", "2"]
+    one, _ = run(data_dir, tmp_path / "one", *flags)
+    four, _ = run(data_dir, tmp_path / "four", *flags, "--accum-steps", "4", "--pretrain-accum-steps", "4")
+    for key in ("test_acc", "test_loss", "best_val_acc"):
+        assert abs(one[key] - four[key]) < 1e-5, f"{key}: 1 batch {one[key]}, 4 micro-batches {four[key]}"
+
+
+@pytest.mark.parametrize("flags, name", [([], "fp32"), (["--amp"], "bf16"), (["--precision", "bf16"], "bf16"),
+                                         (["--precision", "fp16"], "fp16")])
+def test_precision_is_printed_and_stored_in_config_json(flags, name, data_dir, tmp_path):
+    results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "1", *flags)
+    assert json.loads((run_dir / "config.json").read_text())["args"]["precision"] == name
+    assert f"precision {name}" in (run_dir / "log.txt").read_text() and 0 <= results["test_acc"] <= 1

@@ -1,6 +1,7 @@
 """Facts about train.py: every model trains with and without --spt on generated data, the pre-trained backbone is
 really the one fine-tuned, checkpoints reload exactly, optimiser groups are a partition. Long runs (DDP, resume, NaN
 guard, bad input, --compile, memory): tests/test_robustness.py."""
+import contextlib
 import dataclasses
 import json
 import math
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import denoise
 import lra_data
 import train
 from conftest import records, run
@@ -125,7 +127,8 @@ def test_saved_checkpoint_reloads_to_identical_logits_and_test_accuracy(data_dir
     keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[: ck["args"]["max_eval"]]   # as train.py picks them
     subset = torch.utils.data.Subset(test, keep.sort().values.tolist())
     loader = torch.utils.data.DataLoader(subset, 16, collate_fn=lra_data.collate)
-    acc = train.evaluate(model, partial(train.finetune_batch, task="pathfinder"), loader, 0, torch.no_grad)["acc"]
+    prepare = partial(train.finetune_inputs, task="pathfinder", device=torch.device("cpu"))
+    acc = train.evaluate(model, prepare, loader, 0, contextlib.nullcontext)["acc"]
     assert acc == results["test_acc"], f"reloaded best.pt scores {acc} on test, the run reported {results['test_acc']}"
 
 
@@ -221,21 +224,21 @@ def test_eval_every_evaluates_every_kth_epoch_and_after_the_last(data_dir, tmp_p
 def test_metrics_over_batches_equal_metrics_over_everything():
     gen = torch.Generator().manual_seed(0)
     logits, target = torch.randn(100, 10, generator=gen), torch.randint(0, 10, (100,), generator=gen)
-    loss = lambda a, b: torch.nn.functional.cross_entropy(a, b)
-    whole = train.metrics(train.sums(logits, target, loss(logits, target)))
-    parts = train.metrics(train.add(train.sums(logits[:37], target[:37], loss(logits[:37], target[:37])),
-                                    train.sums(logits[37:], target[37:], loss(logits[37:], target[37:]))))
+    stats = lambda a, b: train.statistics(a, b, denoise.losses(a, b), torch.ones(b.shape))
+    whole = train.metrics(stats(logits, target))
+    parts = train.metrics(stats(logits[:37], target[:37]) + stats(logits[37:], target[37:]))
     assert abs(whole["loss"] - parts["loss"]) < 1e-5 and whole["acc"] == parts["acc"], f"{whole} != {parts}"
+    torch.testing.assert_close(whole["loss"], torch.nn.functional.cross_entropy(logits, target).item())
 
 
 def test_image_targets_are_normalised_values_scored_by_l1_and_r2():
     x = torch.randint(0, 256, (2, 1024), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
     value, target = train.clean_input(x, "image")
     assert torch.equal(value, target) and target.dtype == torch.float32, "Image targets are the normalised values"
-    t = target[0]                                                             # (L,) float
-    perfect = train.metrics(train.sums(t[:, None].clone(), t, torch.tensor(0.0)))
-    mean = train.metrics(train.sums(torch.full((1024, 1), t.mean().item()), t, torch.tensor(0.0)))
-    assert abs(perfect["r2"] - 1) < 1e-6, f"perfect prediction scored {perfect}"
+    t, ones = target[0], torch.ones(1024)                                     # (L,) float
+    stats = lambda pred: train.statistics(pred, t, denoise.losses(pred, t), ones)
+    perfect, mean = train.metrics(stats(t[:, None].clone())), train.metrics(stats(torch.full((1024, 1), t.mean().item())))
+    assert perfect["loss"] < 1e-6 and abs(perfect["r2"] - 1) < 1e-6, f"perfect prediction scored {perfect}"
     assert abs(mean["r2"]) < 1e-4, f"predicting the mean must give R² ≈ 0, got {mean['r2']:.4f}"
     assert train.n_outputs("pathfinder") == 256 and train.n_outputs("image") == 1
 
@@ -251,15 +254,14 @@ def test_masked_spt_never_masks_the_eos_token(data_dir):
     # EOS is the last real token of every sequence: predicting it is trivial, so it is never a masked position
     data = lra_data.load("listops", "train", data_dir)
     batch = lra_data.collate([data[i] for i in range(16)])
-    seen = []
-    net = lambda x, lengths, mask: seen.append((x, lengths, mask)) or torch.zeros(int(mask.sum()), 19, requires_grad=True)
-    net.parameters = lambda: iter([torch.zeros(1)])
+    x, lengths, _ = batch
+    eos = torch.arange(x.size(1))[None, :] == (lengths - 1)[:, None]          # (B, L)
+    assert (x[eos] == lra_data.EOS).all()
     for seed in range(20):                                 # many draws at a ratio so high that EOS would be hit
-        train.spt_batch(net, batch, torch.Generator().manual_seed(seed), "listops", "masked", 0.9, slice(None))
-    for x, lengths, mask in seen:
-        eos = torch.arange(x.size(1))[None, :] == (lengths - 1)[:, None]      # (B, L)
+        b = train.spt_inputs(batch, "listops", torch.device("cpu"), torch.Generator().manual_seed(seed), ratio=0.9)
+        mask = b.weight.bool()
         assert not (mask & eos).any(), "an EOS position was masked"
-        assert (x[eos] == lra_data.EOS).all() and mask.any(1).all()
+        assert mask.any(1).all() and (b.x[mask] == lra_data.MASK).all()
 
 
 def test_causal_run_of_a_batchnorm_preset_uses_layernorm_and_says_so(data_dir, tmp_path):

@@ -1,0 +1,219 @@
+"""heads.py: what a backbone is trained to predict on each LRA task, how a batch becomes its input, and the score.
+classifier:  logits = W·pool(backbone(x)) over real positions (mean / max / last); Retrieval: [a, b, a−b, a·b] (LRA)
+denoiser:    per-position head D -> V token ids | 256 grey levels (cross-entropy) | 1 normalised value (L1, Image)
+loss:        Σ_rows weight·ℓ / n_global, so rows, micro-batches and DDP processes add up to the global batch mean
+Inputs: token ids stay ids; pixels become [normalised value, mask indicator] (Amos et al. 2024, App. C). The SPT
+objectives themselves (masks, next-token targets) are denoise.py's; train.py runs the phases.
+Check: tests/test_train.py (pooling ignores pads, metrics add up, EOS never masked, checkpoints reload exactly).
+"""
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+
+import denoise
+import lra_data
+from presets import MODELS
+from runs import read_checkpoint
+
+
+# ---- heads: what the backbone's features are trained to predict ---------------------------------------------------
+
+def pool(h, lengths, how):
+    """Pool features over real positions only (pads never count). h: (B, L, D), lengths: (B,) or None (nothing
+    padded) -> (B, D), float32 at least. A row with no real position (lengths 0) pools to zeros, whatever `how` is."""
+    h = h.to(torch.promote_types(h.dtype, torch.float32))              # bf16 sums over 16k positions lose digits
+    if lengths is None:
+        return {"mean": h.mean(1), "max": h.amax(1), "last": h[:, -1]}[how]   # (B, D)
+    real = torch.arange(h.size(1), device=h.device)[None, :] < lengths[:, None]   # (B, L)
+    if how == "mean":
+        return (h * real[..., None]).sum(1) / lengths[:, None].clamp(min=1)       # (B, D)
+    if how == "max":
+        z = h.masked_fill(~real[..., None], torch.finfo(h.dtype).min).amax(1)    # (B, D)
+    else:                                                              # "last", for causal models
+        z = h[torch.arange(h.size(0), device=h.device), (lengths - 1).clamp(min=0)]   # (B, D)
+    return z.masked_fill((lengths == 0)[:, None], 0.0)                 # (B, D)
+
+
+class Classifier(nn.Module):
+    """backbone -> pool over real positions -> Linear to C classes. Retrieval (pair=True): both documents go through
+    the same backbone (two towers); the head reads [a, b, a−b, a·b] as in LRA. forward: x (B, L) or (B, L, 2) or,
+    for pairs, (B, 2, L); lengths (B,) or (B, 2) -> logits (B, C)."""
+
+    def __init__(self, backbone, d_model, n_classes, pool, pair):
+        super().__init__()
+        self.backbone, self.pool, self.pair = backbone, pool, pair
+        if pair:
+            self.head = nn.Sequential(nn.Linear(4 * d_model, d_model), nn.GELU(), nn.Linear(d_model, n_classes))
+        else:
+            self.head = nn.Linear(d_model, n_classes)
+
+    def forward(self, x, lengths):
+        if self.pair:
+            B = x.size(0)
+            x = x.flatten(0, 1)                                          # (2B, L): each document alone
+            lengths = None if lengths is None else lengths.flatten()     # (2B,)
+        z = pool(self.backbone(x, lengths), lengths, self.pool)          # (B or 2B, D)
+        if self.pair:
+            a, b = z.view(B, 2, -1).unbind(1)                            # (B, D) each
+            z = torch.cat([a, b, a - b, a * b], -1)                      # (B, 4D)
+        return self.head(z)                                              # (B, C)
+
+
+class Denoiser(nn.Module):
+    """backbone -> per-position denoising head D -> V (ids), 256 (grey levels) or 1 (Image values), at every position
+    (the loss weights pick the masked ones: gathering them first would read the mask's size back from the device).
+    forward(x_in, lengths) -> predictions (B, L, V)."""
+
+    def __init__(self, backbone, d_model, n_out):
+        super().__init__()
+        self.backbone = backbone
+        self.denoise_head = nn.Linear(d_model, n_out)
+
+    def forward(self, x, lengths=None):
+        return self.denoise_head(self.backbone(x, lengths))             # (B, L, D) -> (B, L, V)
+
+
+def n_outputs(task):
+    """Width of the denoising head: V token ids, 256 grey levels (Pathfinder/PathX), or 1 normalised value (Image)."""
+    spec = lra_data.TASKS[task]
+    return spec.vocab_size if spec.kind == "tokens" else (1 if task == "image" else 256)
+
+
+def clean_input(x, task):
+    """(input, target) of a raw batch: token ids stay ids; pixels become normalised values (paper App. C), and the
+    denoising target is the grey level 0..255 as a class (Pathfinder/PathX) or the normalised value (Image, L1).
+    x: (B, L) long ids or uint8 pixels -> ((B, L) long or float, (B, L) long or float)."""
+    if lra_data.TASKS[task].kind == "tokens":
+        return x, x
+    value = lra_data.normalize(x, task).float()                          # (B, L)
+    return value, (value if task == "image" else x.long())
+
+
+def model_input(x, task):
+    """What a classifier reads for a raw batch x (B, L): token ids, or pixels as (B, L, 2) [value, 0 indicator]."""
+    value = clean_input(x, task)[0]                                      # (B, L)
+    return denoise.mask_input(value, torch.zeros(value.shape, dtype=torch.bool, device=x.device), lra_data.MASK)
+
+
+# ---- checkpoints: one plain dict each, rebuilt without the CLI ----------------------------------------------------
+
+def build_model(ck):
+    """Rebuild the model of a checkpoint dict without the CLI: Classifier or Denoiser around MODELS[...] backbone."""
+    Config, Model, _ = MODELS[ck["model_name"]]
+    backbone, head = Model(Config(**ck["config"])), ck["head"]
+    if head["kind"] == "denoise":
+        return Denoiser(backbone, ck["config"]["d_model"], head["n_out"])
+    return Classifier(backbone, ck["config"]["d_model"], head["n_classes"], head["pool"], head["pair"])
+
+
+def load_model(path, device="cpu"):
+    """Load a checkpoint written by train.py: returns (model in eval mode, the checkpoint dict)."""
+    ck = read_checkpoint(path, device)
+    model = build_model(ck).to(device)
+    model.load_state_dict(ck["model"])
+    return model.eval(), ck
+
+
+def load_backbone(model, state):
+    """Copy a checkpoint's backbone into a Classifier, strictly: the only keys allowed to differ are the checkpoint's
+    own head (expected unexpected: denoise_head.* from SPT, or head.*) and our new head (expected missing: head.*).
+    Anything else, or a shape mismatch, raises: a pre-trained backbone must never be silently skipped."""
+    old_head = sorted(k for k in state if not k.startswith("backbone."))
+    new_head = sorted(k for k in model.state_dict() if not k.startswith("backbone."))
+    result = model.load_state_dict({k: v for k, v in state.items() if k not in old_head}, strict=False)
+    if sorted(result.missing_keys) != new_head or result.unexpected_keys:
+        raise RuntimeError(f"backbone keys do not match: missing {sorted(set(result.missing_keys) - set(new_head))}, "
+                           f"unexpected {result.unexpected_keys}")
+    return old_head, new_head
+
+
+def read_checkpoint_for_init(path, model_name, task, config, device):
+    """Read a checkpoint whose backbone is to be fine-tuned; ValueError (one line) if it cannot serve this run."""
+    ck = read_checkpoint(path, device)
+    if (ck["model_name"], ck["task"]) != (model_name, task):
+        raise ValueError(f"{path}: a {ck['model_name']} checkpoint for {ck['task']}, but this run is "
+                         f"{model_name} on {task}; pass the --model and --task it was made with")
+    init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}          # may differ: not in the weights
+    differ = [k for k in config if k not in init_only and ck["config"].get(k) != config[k]]
+    if differ:
+        theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ) for c in (ck["config"], config))
+        raise ValueError(f"{path}: its {theirs} differ from this run's {ours}; pass the model flags it was made with")
+    return ck
+
+
+# ---- one batch, its loss and metrics, one evaluation ---------------------------------------------------------------
+
+class Batch(NamedTuple):
+    """One global batch on the device, as every DDP process sees it (each then computes its own rows)."""
+    x: torch.Tensor                  # model input: (B, L) ids | (B, L, 2) pixels [value, mask indicator] | (B, 2, L) pairs
+    lengths: torch.Tensor | None     # (B,) or (B, 2) real lengths; None: nothing is padded (fast attention, plain norms)
+    target: torch.Tensor             # (B,) labels, or (B, L) denoising targets (ids / grey levels long, values float)
+    weight: torch.Tensor             # (B,) or (B, L) float: 1 where the loss is taken, else 0
+
+
+def to_device(x, lengths, device):
+    """Move a collated batch once (non-blocking from pinned memory on CUDA); lengths -> None when nothing is padded,
+    decided on the host copy, so no device value is ever read back."""
+    padded = bool((lengths < x.size(-1)).any())                          # host tensor: no device sync
+    x = x.to(device, non_blocking=True)
+    return x, lengths.to(device, non_blocking=True) if padded else None
+
+
+def finetune_inputs(batch, task, device, gen=None):
+    """A collated (x, lengths, labels) batch -> Batch of the classifier: every example counts once."""
+    x, lengths, y = batch
+    x, lengths_in = to_device(x, lengths, device)
+    y = y.to(device, non_blocking=True)
+    return Batch(model_input(x, task), lengths_in, y, torch.ones(y.shape, device=device))
+
+
+def spt_inputs(batch, task, device, gen, objective="masked", ratio=0.15):
+    """A collated batch -> Batch of self pre-training (labels unused): masked denoising with masks drawn on the
+    device from `gen` for the whole global batch (so every DDP process masks as one process would), never on a pad
+    or on the EOS that ends every token sequence; or causal next-token targets. Retrieval: each document alone."""
+    x, lengths, _ = batch
+    if lra_data.TASKS[task].pair:
+        x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,)
+    x, lengths_in = to_device(x, lengths, device)
+    lengths = lengths.to(device, non_blocking=True)
+    value, target = clean_input(x, task)                                 # (B, L) each
+    if objective == "causal":
+        target, mask = denoise.next_token(target, lengths)               # (B, L) each
+        return Batch(denoise.mask_input(value, torch.zeros_like(mask), lra_data.MASK), lengths_in, target, mask.float())
+    content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths   # EOS: the last real token
+    mask = denoise.sample_mask(content, x.size(1), ratio, gen)           # (B, L) bool
+    return Batch(denoise.mask_input(value, mask, lra_data.MASK), lengths_in, target, mask.float())
+
+
+def batch_loss(model, b, rows=slice(None), n=None):
+    """Loss of the examples `rows` of the global batch b, summed and divided by n (default: b's whole weight), so
+    that rows, micro-batches and DDP processes add up to the global batch mean; and the rows' additive statistics.
+    Classifier: logits (b, C); Denoiser: predictions at every position (b, L, V): no boolean indexing, no sync."""
+    lengths = None if b.lengths is None else b.lengths[rows]
+    pred = model(b.x[rows], lengths)                                     # (b, C) or (b, L, V)
+    target, weight = b.target[rows], b.weight[rows]                      # (b,) or (b, L)
+    per = denoise.losses(pred, target)                                   # (b,) or (b, L) float32
+    n = b.weight.sum() if n is None else n
+    return (per * weight).sum() / n, statistics(pred.detach(), target, per.detach(), weight)
+
+
+def statistics(pred, target, per, weight):
+    """Additive statistics of one batch as one float64 tensor on its device, so many batches add up exactly and
+    are read once: (n, Σloss, correct) for classes, (n, Σloss, Σ(pred − t)², Σt, Σt²) for values (R²)."""
+    if target.is_floating_point():
+        residual = pred.float().squeeze(-1) - target
+        parts = [weight, per * weight, residual ** 2 * weight, target * weight, target ** 2 * weight]
+    else:
+        parts = [weight, per * weight, (pred.argmax(-1) == target) * weight]
+    return torch.stack([p.sum() for p in parts]).double()                # (3,) or (5,)
+
+
+def metrics(total):
+    """loss and accuracy (classes) or R² = 1 − SSE/SST (values) from summed `statistics` (a tensor or list)."""
+    total = total.tolist() if torch.is_tensor(total) else total          # the one read of a device value
+    n = max(total[0], 1e-12)
+    if len(total) == 3:
+        return {"loss": total[1] / n, "acc": total[2] / n}
+    sst = total[4] - total[3] ** 2 / n
+    return {"loss": total[1] / n, "r2": 1.0 - total[2] / max(sst, 1e-12)}
