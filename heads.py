@@ -99,11 +99,18 @@ def model_input(x, task):
 # ---- checkpoints: one plain dict each, rebuilt without the CLI ----------------------------------------------------
 
 def build_model(ck):
-    """Rebuild the model of a checkpoint dict without the CLI: Classifier or Denoiser around MODELS[...] backbone."""
+    """Rebuild the model of a checkpoint dict without the CLI: a Classifier, a Denoiser, or ELECTRA's
+    ReplacedTokenDetection (discriminator = the backbone, generator from head["gen_config"]) around a backbone."""
     Config, Model, _ = MODELS[ck["model_name"]]
     backbone, head = Model(Config(**ck["config"])), ck["head"]
     if head["kind"] == "denoise":
         return Denoiser(backbone, ck["config"]["d_model"], head["n_out"])
+    if head["kind"] == "rtd":
+        generator, tokens = Model(Config(**head["gen_config"])), lra_data.TASKS[ck["task"]].kind == "tokens"
+        levels = None if tokens else clean_input(torch.arange(256, dtype=torch.uint8)[None], ck["task"])[0][0].float()
+        widths = ck["config"]["d_model"], head["gen_config"]["d_model"]
+        return denoise.ReplacedTokenDetection(backbone, generator, *widths, head["n_out"], tokens, head["gdes"], levels,
+                                              exclude_ids=(lra_data.PAD, lra_data.MASK) if tokens else ())
     return Classifier(backbone, ck["config"]["d_model"], head["n_classes"], head["pool"], head["pair"])
 
 
@@ -146,10 +153,12 @@ def read_checkpoint_for_init(path, model_name, task, config, device):
 
 class Batch(NamedTuple):
     """One global batch on the device, as every DDP process sees it (each then computes its own rows)."""
-    x: torch.Tensor                  # model input: (B, L) ids | (B, L, 2) pixels [value, mask indicator] | (B, 2, L) pairs
-    lengths: torch.Tensor | None     # (B,) or (B, 2) real lengths; None: nothing is padded (fast attention, plain norms)
+    x: torch.Tensor                  # model input: (B, L) ids | (B, L, 2) pixels [value, indicator] | (B, 2, L) pairs
+    lengths: torch.Tensor | None     # (B,) or (B, 2) real lengths; None: nothing padded (fast attention, plain norms)
     target: torch.Tensor             # (B,) labels, or (B, L) denoising targets (ids / grey levels long, values float)
     weight: torch.Tensor             # (B,) or (B, L) float: 1 where the loss is taken, else 0
+    noise: torch.Tensor | None = None    # RTD: (B, L) uniform [0, 1), the generator's samples (denoise.py)
+    disc_weight: float = denoise.RTD_WEIGHT   # RTD: λ in L_gen + λ·L_disc
 
 
 def to_device(x, lengths, device):
@@ -168,10 +177,11 @@ def finetune_inputs(batch, task, device, gen=None):
     return Batch(model_input(x, task), lengths_in, y, torch.ones(y.shape, device=device))
 
 
-def spt_inputs(batch, task, device, gen, objective="masked", ratio=0.15):
-    """A collated batch -> Batch of self pre-training (labels unused): masked denoising with masks drawn on the
-    device from `gen` for the whole global batch (so every DDP process masks as one process would), never on a pad
-    or on the EOS that ends every token sequence; or causal next-token targets. Retrieval: each document alone."""
+def spt_inputs(batch, task, device, gen, objective="masked", ratio=0.15, span_mean=3.0, rtd_weight=denoise.RTD_WEIGHT):
+    """A collated batch -> Batch of self pre-training (labels unused). Masks (i.i.d. for masked and rtd, spans for
+    span) are drawn on the device from `gen` for the whole global batch, so every DDP process masks as one process
+    would, never on a pad or on the EOS that ends every token sequence; causal: next-token targets. rtd also draws
+    the uniform noise its generator samples with. Retrieval: each document alone."""
     x, lengths, _ = batch
     if lra_data.TASKS[task].pair:
         x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,)
@@ -182,38 +192,72 @@ def spt_inputs(batch, task, device, gen, objective="masked", ratio=0.15):
         target, mask = denoise.next_token(target, lengths)               # (B, L) each
         return Batch(denoise.mask_input(value, torch.zeros_like(mask), lra_data.MASK), lengths_in, target, mask.float())
     content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths   # EOS: the last real token
-    mask = denoise.sample_mask(content, x.size(1), ratio, gen)           # (B, L) bool
-    return Batch(denoise.mask_input(value, mask, lra_data.MASK), lengths_in, target, mask.float())
+    if objective == "span":
+        mask = denoise.span_mask(content, x.size(1), ratio, gen, span_mean)   # (B, L) bool
+    else:
+        mask = denoise.sample_mask(content, x.size(1), ratio, gen)       # (B, L) bool
+    noise = torch.rand(mask.shape, generator=gen, device=device) if objective == "rtd" else None   # (B, L)
+    return Batch(denoise.mask_input(value, mask, lra_data.MASK), lengths_in, target, mask.float(), noise, rtd_weight)
 
 
-def batch_loss(model, b, rows=slice(None), n=None):
-    """Loss of the examples `rows` of the global batch b, summed and divided by n (default: b's whole weight), so
-    that rows, micro-batches and DDP processes add up to the global batch mean; and the rows' additive statistics.
-    Classifier: logits (b, C); Denoiser: predictions at every position (b, L, V): no boolean indexing, no sync."""
+def batch_loss(model, b, rows=slice(None), scale=1.0):
+    """Loss of the examples `rows` of the global batch b, summed and divided by the global batch's count (times
+    `scale`: 1/processes under DDP), so that rows, micro-batches and DDP processes add up to the global batch mean;
+    and the rows' additive statistics (a dict of device tensors). Classifier: logits (b, C); Denoiser: predictions
+    at every position (b, L, V), no boolean indexing (it would read the mask's size back from the device)."""
     lengths = None if b.lengths is None else b.lengths[rows]
+    if b.noise is not None:
+        return rtd_batch_loss(model, b, rows, scale)
     pred = model(b.x[rows], lengths)                                     # (b, C) or (b, L, V)
     target, weight = b.target[rows], b.weight[rows]                      # (b,) or (b, L)
     per = denoise.losses(pred, target)                                   # (b,) or (b, L) float32
-    n = b.weight.sum() if n is None else n
-    return (per * weight).sum() / n, statistics(pred.detach(), target, per.detach(), weight)
+    return (per * weight).sum() / b.weight.sum() * scale, statistics(pred.detach(), target, per.detach(), weight)
+
+
+def rtd_batch_loss(model, b, rows, scale):
+    """ELECTRA's L_gen + λ·L_disc for the rows of b (denoise.ReplacedTokenDetection), each mean over the global
+    batch's masked / real positions; statistics: the generator's and the discriminator's sums (and λ times it) and
+    the discriminator's accuracy over real positions."""
+    lengths = None if b.lengths is None else b.lengths[rows]
+    mask, L = b.weight.bool(), b.weight.size(1)
+    real = torch.ones_like(mask) if b.lengths is None else torch.arange(L, device=mask.device) < b.lengths[:, None]
+    gen_logits, disc_logits, labels = model(b.x[rows], lengths, b.target[rows], mask[rows], b.noise[rows])
+    gen, disc = denoise.rtd_losses(gen_logits, disc_logits, labels, b.target[rows], mask[rows], real[rows])  # (b, L)
+    weight = b.disc_weight
+    loss = (gen.sum() / mask.sum() + weight * disc.sum() / real.sum()) * scale
+    correct = ((disc_logits.detach() > 0) == labels.bool()) & real[rows]
+    return loss, {"n": real[rows].sum().double(), "loss_disc": disc.detach().sum().double(),
+                  "weighted_disc": weight * disc.detach().sum().double(), "correct": correct.sum().double(),
+                  "n_gen": mask[rows].sum().double(), "loss_gen": gen.detach().sum().double()}
 
 
 def statistics(pred, target, per, weight):
-    """Additive statistics of one batch as one float64 tensor on its device, so many batches add up exactly and
-    are read once: (n, Σloss, correct) for classes, (n, Σloss, Σ(pred − t)², Σt, Σt²) for values (R²)."""
+    """Additive statistics of one batch as float64 device tensors, so many batches add up exactly and are read
+    once: n, Σloss and correct (classes) or Σ(pred − t)², Σt, Σt² (values, for R²)."""
+    out = {"n": weight.sum().double(), "loss": (per * weight).sum().double()}
     if target.is_floating_point():
         residual = pred.float().squeeze(-1) - target
-        parts = [weight, per * weight, residual ** 2 * weight, target * weight, target ** 2 * weight]
+        out.update(sse=(residual ** 2 * weight).sum().double(), sum=(target * weight).sum().double(),
+                   sumsq=(target ** 2 * weight).sum().double())
     else:
-        parts = [weight, per * weight, (pred.argmax(-1) == target) * weight]
-    return torch.stack([p.sum() for p in parts]).double()                # (3,) or (5,)
+        out["correct"] = ((pred.argmax(-1) == target) * weight).sum().double()
+    return out
+
+
+def add(total, stats, keep=True):
+    """total + stats, key by key (keep=False: a DDP process's dummy row, counted as nothing)."""
+    return {k: total.get(k, 0) + v * keep for k, v in stats.items()}
 
 
 def metrics(total):
-    """loss and accuracy (classes) or R² = 1 − SSE/SST (values) from summed `statistics` (a tensor or list)."""
-    total = total.tolist() if torch.is_tensor(total) else total          # the one read of a device value
-    n = max(total[0], 1e-12)
-    if len(total) == 3:
-        return {"loss": total[1] / n, "acc": total[2] / n}
-    sst = total[4] - total[3] ** 2 / n
-    return {"loss": total[1] / n, "r2": 1.0 - total[2] / max(sst, 1e-12)}
+    """loss and accuracy (classes), R² = 1 − SSE/SST (values), or L_gen + λ·L_disc, the discriminator's accuracy
+    and both parts (RTD), from summed statistics; one read of the device values."""
+    t = dict(zip(total, torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in total.values()]).tolist()))
+    n = max(t["n"], 1e-12)
+    if "loss_gen" in t:
+        gen = t["loss_gen"] / max(t["n_gen"], 1e-12)
+        return {"loss": gen + t["weighted_disc"] / n, "acc": t["correct"] / n, "gen_loss": gen,
+                "disc_loss": t["loss_disc"] / n}
+    if "sse" in t:
+        return {"loss": t["loss"] / n, "r2": 1.0 - t["sse"] / max(t["sumsq"] - t["sum"] ** 2 / n, 1e-12)}
+    return {"loss": t["loss"] / n, "acc": t["correct"] / n}

@@ -61,10 +61,15 @@ TABLE5 = {
 }
 # S4's LRA configs (Gu et al. 2022): batch size and epochs of each task; S4 from scratch trains at lr 0.01 (PathX
 # 5e-4), weight decay 0.05 (paper §4). Warm-up: about one epoch, our choice (the papers do not print it).
-S4_CONFIG = {"listops": dict(batch_size=50, epochs=40, warmup=2000), "text": dict(batch_size=16, epochs=32, warmup=5000),
-             "retrieval": dict(batch_size=64, epochs=20, warmup=2500), "image": dict(batch_size=50, epochs=200, warmup=1000),
-             "pathfinder": dict(batch_size=64, epochs=200, warmup=2500), "pathx": dict(batch_size=32, epochs=50, warmup=5000),
-             "pathx256": dict(batch_size=32, epochs=50, warmup=5000)}
+S4_CONFIG = {
+    "listops": dict(batch_size=50, epochs=40, warmup=2000),
+    "text": dict(batch_size=16, epochs=32, warmup=5000),
+    "retrieval": dict(batch_size=64, epochs=20, warmup=2500),
+    "image": dict(batch_size=50, epochs=200, warmup=1000),
+    "pathfinder": dict(batch_size=64, epochs=200, warmup=2500),
+    "pathx": dict(batch_size=32, epochs=50, warmup=5000),
+    "pathx256": dict(batch_size=32, epochs=50, warmup=5000),
+}
 # The authors' Transformer configs: batch 32 everywhere (Image fine-tuning 50), epochs (fine-tuning, SPT), warm-up
 # within their 2,000-5,000 steps. Their learning rates are placeholders: Table 4's are used.
 TRANSFORMER_CONFIG = {"listops": (100, 100, 2000), "text": (65, 32, 5000), "retrieval": (32, 32, 2500),
@@ -133,9 +138,9 @@ CPU_MODEL = {
                   pretrain_lr=2e-3, warmup=100),
 }
 CPU_TASK = {  # task: (epochs, batch size, examples generated, max_train, max_eval)
-    "tiny": {"listops": (3, 32, 12000, 1000, 240), "text": (2, 16, None, 500, 200), "retrieval": (2, 16, None, 400, 100),
-             "image": (3, 32, None, 2000, 500), "pathfinder": (2, 32, 2500, 2000, 250), "pathx": (1, 16, 800, 640, 80),
-             "pathx256": (1, 8, 100, 80, 10)},
+    "tiny": {"listops": (3, 32, 12000, 1000, 240), "text": (2, 16, None, 500, 200),
+             "retrieval": (2, 16, None, 400, 100), "image": (3, 32, None, 2000, 500),
+             "pathfinder": (2, 32, 2500, 2000, 250), "pathx": (1, 16, 800, 640, 80), "pathx256": (1, 8, 100, 80, 10)},
     "small": {"listops": (10, 32, 50000, 10000, 1000), "text": (4, 16, None, 2500, 500),
               "retrieval": (4, 16, None, 2000, 500), "image": (10, 32, None, 10000, 1000),
               "pathfinder": (10, 32, 12000, 9600, 1200), "pathx": (3, 16, 2500, 2000, 250),
@@ -190,6 +195,9 @@ def apply_presets(args):
     args.pretrain_batch_size = args.pretrain_batch_size or args.batch_size   # CPU presets: one batch size
     args.pool = args.pool or task.pool
     args.mask_ratio = task.mask_ratio if args.mask_ratio is None else args.mask_ratio
+    step = 2 * config_kw.get("n_heads", 1) if args.model == "transformer" else 1   # even heads (rotary pairs)
+    if args.gen_width is None:                                            # rtd: ELECTRA's generator, 1/4 as wide
+        args.gen_width = max(step, config_kw["d_model"] // 4 // step * step)
     if args.causal and config_kw.get("norm") == "batch":   # BatchNorm over time would leak the future in training
         config_kw["norm"] = "layer"
         notes.append("note: causal model: LayerNorm instead of the preset's BatchNorm (whose statistics over the "
@@ -198,19 +206,33 @@ def apply_presets(args):
 
 
 CHECKS = [  # (flag, rule, test): every training flag, checked once after the presets are applied (None = not set)
-    ("batch_size", "must be at least 1", lambda v: v >= 1), ("pretrain_batch_size", "must be at least 1", lambda v: v >= 1),
-    ("accum_steps", "must be at least 1", lambda v: v >= 1), ("pretrain_accum_steps", "must be at least 1", lambda v: v >= 1),
-    ("epochs", "must be at least 1", lambda v: v >= 1), ("pretrain_epochs", "must be at least 1", lambda v: v >= 1),
+    ("batch_size", "must be at least 1", lambda v: v >= 1),
+    ("pretrain_batch_size", "must be at least 1", lambda v: v >= 1),
+    ("accum_steps", "must be at least 1", lambda v: v >= 1),
+    ("pretrain_accum_steps", "must be at least 1", lambda v: v >= 1),
+    ("epochs", "must be at least 1", lambda v: v >= 1),
+    ("pretrain_epochs", "must be at least 1", lambda v: v >= 1),
     ("eval_every", "must be at least 1 (epochs between evaluations)", lambda v: v >= 1),
     ("max_steps", "must be 0 (no limit) or more", lambda v: v >= 0),
-    ("max_train", "must be 0 (all) or more", lambda v: v >= 0), ("max_eval", "must be 0 (all) or more", lambda v: v >= 0),
-    ("lr", "must be > 0", lambda v: v > 0), ("pretrain_lr", "must be > 0", lambda v: v > 0),
-    ("ssm_lr", "must be > 0", lambda v: v > 0), ("weight_decay", "must be >= 0", lambda v: v >= 0),
-    ("warmup", "must be 0 or more steps", lambda v: v >= 0), ("workers", "must be 0 or more", lambda v: v >= 0),
-    ("d_model", "must be at least 1", lambda v: v >= 1), ("n_layers", "must be at least 1", lambda v: v >= 1),
-    ("d_state", "must be at least 1", lambda v: v >= 1), ("dropout", "must be in [0, 1)", lambda v: 0 <= v < 1),
-    ("mask_ratio", "must be in (0, 1)", lambda v: 0 < v < 1), ("data_fraction", "must be in (0, 1]", lambda v: 0 < v <= 1),
+    ("max_train", "must be 0 (all) or more", lambda v: v >= 0),
+    ("max_eval", "must be 0 (all) or more", lambda v: v >= 0),
+    ("lr", "must be > 0", lambda v: v > 0),
+    ("pretrain_lr", "must be > 0", lambda v: v > 0),
+    ("ssm_lr", "must be > 0", lambda v: v > 0),
+    ("weight_decay", "must be >= 0", lambda v: v >= 0),
+    ("warmup", "must be 0 or more steps", lambda v: v >= 0),
+    ("workers", "must be 0 or more", lambda v: v >= 0),
+    ("d_model", "must be at least 1", lambda v: v >= 1),
+    ("n_layers", "must be at least 1", lambda v: v >= 1),
+    ("d_state", "must be at least 1", lambda v: v >= 1),
+    ("dropout", "must be in [0, 1)", lambda v: 0 <= v < 1),
+    ("mask_ratio", "must be in (0, 1)", lambda v: 0 < v < 1),
+    ("data_fraction", "must be in (0, 1]", lambda v: 0 < v <= 1),
     ("generate", "must be 0 (never) or at least 10", lambda v: v == 0 or v >= 10),
+    ("span_mean", "must be in [1, 10] (spans are clipped at 10)", lambda v: 1 <= v <= 10),
+    ("gen_width", "must be at least 1", lambda v: v >= 1),
+    ("gen_layers", "must be at least 1", lambda v: v >= 1),
+    ("rtd_weight", "must be > 0", lambda v: v > 0),
 ]
 
 
@@ -223,23 +245,31 @@ def check_flags(args, config_kw):
             raise ValueError(f"--{key.replace('_', '-')} {value} {rule}")
     task = lra_data.TASKS[args.task]
     if args.spt and args.objective == "causal" and not args.causal:
-        raise ValueError("--objective causal trains next-token prediction, which a bidirectional model solves by looking ahead: "
-             "add --causal (causal Transformer / unidirectional SSM), or use --objective masked")
+        raise ValueError("--objective causal trains next-token prediction, which a bidirectional model solves by "
+                         "looking ahead: add --causal (causal Transformer / unidirectional SSM), or use another "
+                         "--objective")
+    if args.spt and args.objective == "rtd" and args.task == "image":
+        raise ValueError("--objective rtd samples replacements from a distribution, and Image's L1 targets (normalised "
+                         "values) have none: use --objective masked or span on image")
     if args.spt and args.init_from:
         raise ValueError("--init-from already supplies a pre-trained backbone: drop --spt (or --init-from)")
     if args.init_from and not Path(args.init_from).is_file():
         raise ValueError(f"--init-from {args.init_from}: no such checkpoint file")
     if args.max_len is not None and (args.task not in ("text", "retrieval") or not 2 <= args.max_len <= task.max_len):
-        raise ValueError(f"--max-len {args.max_len}: only text and retrieval documents can be cut, to 2..{task.max_len} tokens "
-             f"(ListOps answers need the whole expression; pixel tasks have a fixed length)")
+        raise ValueError(f"--max-len {args.max_len}: only text and retrieval documents can be cut, to "
+                         f"2..{task.max_len} tokens (ListOps answers need the whole expression; pixel tasks have a "
+                         f"fixed length)")
     if args.data_dir != "data" and not Path(args.data_dir).is_dir():  # a typo must not silently generate data there
-        raise ValueError(f"--data-dir {args.data_dir}: no such folder (synthetic tasks are generated only into an existing "
-             f"folder or the default ./data)")
+        raise ValueError(f"--data-dir {args.data_dir}: no such folder (synthetic tasks are generated only into an "
+                         f"existing folder or the default ./data)")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a folder: pass a folder for the run folders")
     try:
+        if args.spt and args.objective == "rtd":                         # the generator: same family, narrower
+            model_config(args.model, args.task, {**config_kw, "d_model": args.gen_width, "n_layers": args.gen_layers})
         return model_config(args.model, args.task, config_kw, args.causal)
     except ValueError as e:
-        raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, --dropout or the "
-                         f"preset)") from None
+        raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, --dropout, "
+                         f"--gen-width, --gen-layers or the preset)") from None
+

@@ -4,6 +4,7 @@ run folder:  runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/ with config.json
 resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stopped run continues exactly; a lock
              keeps one writer per folder; a finished or damaged run is refused in one line
 DDP:         every process reads the whole global batch and keeps its rows; sums of metrics are added over processes
+device:      --device checked, --precision decided once (bf16 / fp16 + scaler / tf32 / fp32), loaders that feed a GPU
 errors:      bad input ends in one line `train.py: error: ...` and exit status 2, never a traceback
 Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints, bad flags).
 """
@@ -14,10 +15,14 @@ import os
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+
+import lra_data
 
 try:
     import fcntl                                                         # POSIX file locks; absent on Windows
@@ -85,7 +90,7 @@ def rank_and_world():
 def shard(n):
     """(rows, keep): this process's contiguous share of a global batch of n examples (DDP; one process: all of it).
     Every process reads the whole global batch, so batches and SPT masks are those of a 1-process run. A process left
-    without rows (a last batch smaller than the world) computes row 0 with keep=False, to join the gradient all-reduce."""
+    without rows (a last batch smaller than the world) computes row 0 with keep=False, to join the all-reduce."""
     rank, world = rank_and_world()
     start = rank * (n // world) + min(rank, n % world)
     stop = start + n // world + (rank < n % world)
@@ -93,16 +98,18 @@ def shard(n):
 
 
 def all_sum(total):
-    """Add up a tensor of additive statistics over all DDP processes (on their device: gloo CPU, NCCL CUDA)."""
+    """Add up a dict of additive statistics (device tensors) over all DDP processes, on their device (gloo: CPU,
+    NCCL: CUDA), as one process would have them."""
     if not dist.is_initialized():
         return total
-    total = total.clone()
-    dist.all_reduce(total)
-    return total
+    values = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in total.values()])
+    dist.all_reduce(values)
+    return dict(zip(total, values.unbind()))
 
 
 def setup_device(args):
-    """-> (device, world): checks --device, and under torchrun joins the process group (one GPU per process)."""
+    """-> (device, world size): checks --device and that the global batches split over the processes; settles
+    --precision (printed, stored in config.json) and --workers for this device."""
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
@@ -114,6 +121,9 @@ def setup_device(args):
     if device.type not in ("cpu", "cuda"):
         fail(f"--device {args.device}: train.py runs on cpu or cuda")
     world = int(os.environ.get("WORLD_SIZE", 1))
+    args.precision = precision(args, device)[0]                          # resolved once, printed, in config.json
+    if args.workers is None:                                             # CUDA: loader processes keep the GPU fed
+        args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
     for flag in ("batch_size", "pretrain_batch_size"):
         if getattr(args, flag) % world:
             fail(f"--{flag.replace('_', '-')} {getattr(args, flag)} is the global batch: it must split evenly over "
@@ -128,10 +138,61 @@ def join_process_group(device, world):
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+    cuda = device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     if dist.get_rank() > 0:                                              # only rank 0 prints, logs and saves
         sys.stdout = open(os.devnull, "w")
     return device
+
+
+def precision(args, device):
+    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler or None).
+    Default: bf16 autocast on CUDA with compute capability ≥ 8 (TF32 for what stays fp32), fp16 autocast with a
+    gradient scaler on older GPUs (V100, T4), fp32 on CPU. The SSM kernels and FFT convolutions run in fp32 inside
+    autocast (ssm.py). --amp is the old name of --precision bf16."""
+    name = args.precision or ("bf16" if args.amp else None)
+    if name is None:
+        name = "fp32" if device.type != "cuda" else ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8
+                                                     else "fp16")
+    if name in ("tf32", "bf16") and device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
+    amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
+    return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
+
+
+# ---- batches of a run ------------------------------------------------------------------------------------------
+
+class SeededOrder(torch.utils.data.Sampler):
+    """A new permutation of the n examples at every pass, drawn from `gen` (its state is in last.pt), so one
+    DataLoader (with persistent workers) serves every epoch and the order is that of a 1-process run everywhere."""
+
+    def __init__(self, n, gen):
+        self.n, self.gen = n, gen
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.gen).tolist())
+
+    def __len__(self):
+        return self.n
+
+
+def loader(dataset, batch_size, args, device, order=None):
+    """Batches of `dataset` padded by lra_data.collate (--compile: to a power-of-two length, so the compiled model
+    sees few shapes): in a new seeded order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory,
+    persistent workers that prefetch."""
+    workers, cuda = args.workers, device.type == "cuda"
+    return torch.utils.data.DataLoader(dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
+                                       collate_fn=collate_bucketed if args.compile else lra_data.collate,
+                                       num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0,
+                                       prefetch_factor=4 if workers > 0 else None)
+
+
+def collate_bucketed(batch):
+    """lra_data.collate, then padded up to the next power of two (padding never changes real outputs)."""
+    x, lengths, y = lra_data.collate(batch)
+    L = x.size(-1)
+    return F.pad(x, (0, (1 << (L - 1).bit_length()) - L), value=lra_data.PAD), lengths, y
 
 
 # ---- checkpoints and resume ---------------------------------------------------------------------------------------
@@ -190,7 +251,8 @@ def resume_settings(args, given, defaults):
         fail(f"--resume {folder}: no last.pt in that folder (a run writes it at its first evaluation)")
     changed = sorted(given - RESUME_MAY_CHANGE)
     if changed:
-        fail(f"--resume continues a run with its own settings; {', '.join('--' + k.replace('_', '-') for k in changed)} "
+        flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+        fail(f"--resume continues a run with its own settings; {flags} "
              f"cannot change (only --device, --workers); start a new run, e.g. with --init-from {folder}/spt.pt")
     try:
         ck = read_checkpoint(folder / "last.pt")
@@ -215,7 +277,7 @@ def resume_settings(args, given, defaults):
 def run_folder(args, meta, lines):
     """Hold the run folder for the block: a new runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/ with config.json
     (DDP: rank 0 names and creates it, all use it), or the --resume folder. Rank 0 holds its lock for the whole block,
-    so a second train.py on one folder stops in one line before writing anything; then the start-up lines go to log.txt."""
+    so a second train.py on one folder stops in one line before writing anything; then log.txt gets `lines`."""
     rank, world = rank_and_world()
     if args.resume:
         folder = Path(args.resume)

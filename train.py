@@ -1,7 +1,7 @@
 """train.py: self pre-training (SPT), then fine-tuning, on the Long Range Arena (Amos, Berant & Gupta, ICLR 2024).
 phase 1 (--spt):  backbone + denoising head learn to restore masked (or next) inputs of the task's own train split
 phase 2:          the same backbone + a fresh pooled classifier head learn the labels; without --spt it starts from
-                  random init ("trained from scratch", TFS). Test accuracy is reported for the best-validation checkpoint.
+                  random init ("trained from scratch", TFS). Test accuracy: the best-validation checkpoint's.
     python train.py --model dlr --task pathfinder --spt --preset tiny     # the quick start (under a minute on a CPU)
     python train.py --model dlr --task pathx --spt                        # paper preset on a GPU, tiny on a CPU
     python train.py --resume runs/<run folder>                            # continue a stopped run exactly
@@ -36,13 +36,13 @@ from tqdm import tqdm  # noqa: E402
 
 import denoise  # noqa: E402
 import lra_data  # noqa: E402
-from heads import (Batch, Classifier, Denoiser, batch_loss, build_model, clean_input, finetune_inputs,  # noqa: E402,F401
-                   load_backbone, load_model, metrics, model_input, n_outputs, pool, read_checkpoint_for_init,
-                   spt_inputs, statistics)
+from heads import (Batch, Classifier, Denoiser, add, batch_loss, build_model, clean_input,  # noqa: E402,F401
+                   finetune_inputs, load_backbone, load_model, metrics, model_input, n_outputs, pool,
+                   read_checkpoint_for_init, spt_inputs, statistics)
 from presets import MODELS, apply_presets, check_flags, model_config, preset_values  # noqa: E402,F401 (train.MODELS)
-from runs import (all_sum, fail, file_lock, git_commit, join_process_group, log, rank_and_world, read_checkpoint,  # noqa: E402
-                  restore_training_state, resume_settings, run_folder, save_checkpoint, setup_device, shard,
-                  training_state)
+from runs import (all_sum, fail, file_lock, git_commit, join_process_group, loader, log, precision,  # noqa: E402
+                  rank_and_world, read_checkpoint, restore_training_state, resume_settings, run_folder,
+                  save_checkpoint, setup_device, shard, training_state)
 
 
 # ---- optimiser and schedule ----------------------------------------------------------------------------------------
@@ -72,7 +72,7 @@ def param_groups(model, lr, wd, ssm_lr, ssm_names):
 
 
 def lr_factor(step, warmup, total, schedule):
-    """Multiplier of every group's lr: linear warm-up over `warmup` steps, then constant (the paper's) or cosine to 0."""
+    """Multiplier of every group's lr: linear warm-up over `warmup` steps, then constant (the paper's) or cosine."""
     if step < warmup:
         return (step + 1) / warmup
     if schedule == "cosine":
@@ -86,12 +86,12 @@ def evaluate(model, prepare, loader, seed, amp):
     every time, so epochs compare alike. DDP: each process scores its rows of every batch; the sums are added up."""
     model.eval()
     device = next(model.parameters()).device
-    gen, total = torch.Generator(device).manual_seed(seed), 0
+    gen, total = torch.Generator(device).manual_seed(seed), {}
     for batch in loader:
         b = prepare(batch, gen=gen)
         rows, keep = shard(len(b.weight))
         with amp():
-            total = total + batch_loss(model, b, rows, 1.0)[1] * keep
+            total = add(total, batch_loss(model, b, rows)[1], keep)
     model.train()
     return metrics(all_sum(total))
 
@@ -109,22 +109,6 @@ class Phase(NamedTuple):
     accum_steps: int        # micro-batches per step: the same update in 1/accum_steps of the activation memory
     best_file: str          # spt.pt or best.pt: the checkpoint kept for the next phase / the test
     select: str             # the validation metric that picks it: "loss" (SPT) or "acc" (fine-tuning)
-
-
-def precision(args, device):
-    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler or None).
-    Default: bf16 autocast on CUDA with compute capability ≥ 8 (TF32 for what stays fp32), fp16 autocast with a
-    gradient scaler on older GPUs (V100, T4), fp32 on CPU. The SSM kernels and FFT convolutions run in fp32 inside
-    autocast (ssm.py). --amp is the old name of --precision bf16."""
-    name = args.precision or ("bf16" if args.amp else None)
-    if name is None:
-        name = "fp32" if device.type != "cuda" else ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8
-                                                     else "fp16")
-    if name in ("tf32", "bf16") and device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
-    amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
-    return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
 
 
 def guard_step(model, loss, opt, scaler, record, step):
@@ -189,7 +173,7 @@ def run_phase(phase, model, prepare, splits, args, run_dir, meta, resume=None):
     _, amp, scaler = precision(args, device)
     batches = loader(splits["train"], phase.batch_size, args, device, order=gens["order"])
     val_batches = loader(splits["val"], phase.batch_size, args, device)
-    since_eval = 0                                                       # training statistics since the last evaluation
+    since_eval = {}                                                      # training statistics since the last evaluation
     model.train()
     for epoch in range(done + 1, phase.epochs + 1):
         if step >= total:
@@ -198,7 +182,7 @@ def run_phase(phase, model, prepare, splits, args, run_dir, meta, resume=None):
             torch.manual_seed(args.seed + 1000 * rank + epoch)
         step, train = train_epoch(f"{phase.name} {epoch}/{phase.epochs}", forward, model, prepare, batches,
                                   (opt, sched, scaler), gens["mask"], (step, total, phase.accum_steps), amp)
-        since_eval = since_eval + train
+        since_eval = add(since_eval, train)
         if epoch % args.eval_every and epoch < phase.epochs and step < total:   # evaluate every k-th epoch and last
             continue
         val = evaluate(forward, prepare, val_batches, args.seed + 3, amp)
@@ -214,7 +198,7 @@ def run_phase(phase, model, prepare, splits, args, run_dir, meta, resume=None):
                 save_checkpoint(run_dir / phase.best_file, state)
             save_checkpoint(run_dir / "last.pt", state)                  # written last: resume never misses a best
         log_evaluation(run_dir, phase, epoch, step, metrics(all_sum(since_eval)), val, improved, opt, seconds)
-        since_eval = 0
+        since_eval = {}
     if world > 1:
         dist.barrier()                                                   # the others read spt.pt / best.pt next
     return {"metric": best["name"], "best": best["value"], "epoch": best["epoch"], "val": best["val"], "steps": step,
@@ -230,20 +214,19 @@ def train_epoch(desc, forward, model, prepare, batches, optimizer, mask_gen, ste
     (opt, sched, scaler), (step, total, accum), (rank, world) = optimizer, steps, rank_and_world()
     device = next(model.parameters()).device
     record, step_t = torch.full((2,), -1.0, device=device), torch.tensor(step, device=device)   # guard, step
-    train, shown = 0, {}
+    train, shown = {}, {}
     bar = tqdm(batches, desc=desc, leave=False, dynamic_ncols=True, disable=rank > 0)
     try:
         for batch in bar:
             b = prepare(batch, gen=mask_gen)
-            n = b.weight.sum() / world                                   # DDP averages: each process's share
             rows, keep = shard(len(b.weight))                            # this process's examples of the batch
             parts = micro_batches(rows, accum)
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
                 with forward.no_sync() if world > 1 and not last else contextlib.nullcontext(), amp():
-                    loss, stats = batch_loss(forward, b, part, n)
+                    loss, stats = batch_loss(forward, b, part, 1 / world)
                 (scaler.scale(loss * keep) if scaler else loss * keep).backward()
-                train = train + stats * keep
+                train = add(train, stats, keep)
             guard_step(model, loss, opt, scaler, record, step_t)
             opt.zero_grad(set_to_none=True)
             sched.step()
@@ -275,40 +258,8 @@ def log_evaluation(run_dir, phase, epoch, step, train, val, improved, opt, secon
     log(run_dir, f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | train_loss "
         f"{train['loss']:.4f} {metric} {train[metric]:.4f} | val_loss {val['loss']:.4f} val_{metric} "
         f"{val[metric]:.4f}{' *' if improved else '  '} | lr {lr:.1e} | {seconds:.0f} s",
-        {"phase": phase.name, "epoch": epoch, "step": step, "train_loss": train["loss"], f"train_{metric}": train[metric],
-         "val_loss": val["loss"], f"val_{metric}": val[metric], "lr": lr, "elapsed_s": seconds})
-
-
-class SeededOrder(torch.utils.data.Sampler):
-    """A new permutation of the n examples at every pass, drawn from `gen` (its state is in last.pt), so one
-    DataLoader (with persistent workers) serves every epoch and the order is that of a 1-process run everywhere."""
-
-    def __init__(self, n, gen):
-        self.n, self.gen = n, gen
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n, generator=self.gen).tolist())
-
-    def __len__(self):
-        return self.n
-
-
-def loader(dataset, batch_size, args, device, order=None):
-    """Batches of `dataset` padded by lra_data.collate (--compile: to a power-of-two length, so the compiled model
-    sees few shapes): in a new seeded order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory,
-    persistent workers that prefetch."""
-    workers, cuda = args.workers, device.type == "cuda"
-    return torch.utils.data.DataLoader(dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
-                                       collate_fn=collate_bucketed if args.compile else lra_data.collate,
-                                       num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0,
-                                       prefetch_factor=4 if workers > 0 else None)
-
-
-def collate_bucketed(batch):
-    """lra_data.collate, then padded up to the next power of two (padding never changes real outputs)."""
-    x, lengths, y = lra_data.collate(batch)
-    L = x.size(-1)
-    return nn.functional.pad(x, (0, (1 << (L - 1).bit_length()) - L), value=lra_data.PAD), lengths, y
+        {"phase": phase.name, "epoch": epoch, "step": step, **{f"train_{k}": v for k, v in train.items()},
+         **{f"val_{k}": v for k, v in val.items()}, "lr": lr, "elapsed_s": seconds})
 
 
 # ---- the steps of main() -------------------------------------------------------------------------------------------
@@ -316,64 +267,76 @@ def collate_bucketed(batch):
 def parse_flags(argv):
     """The command line -> (args, names of the flags given explicitly, every flag's default)."""
     p = argparse.ArgumentParser(description="Self pre-training (SPT) and fine-tuning on the Long Range Arena.")
-    p.add_argument("--model", choices=MODELS, default="dlr", help="backbone: transformer, s4 or dlr")
-    p.add_argument("--task", choices=lra_data.TASKS, default="pathfinder", help="listops, text, retrieval, image, pathfinder, pathx, pathx256")
-    p.add_argument("--spt", action="store_true", help="self pre-train by denoising on the train split, then fine-tune")
-    p.add_argument("--objective", choices=["masked", "causal"], default="masked", help="SPT objective; causal (next token) needs --causal")
-    p.add_argument("--causal", action="store_true", help="causal Transformer / unidirectional S4 and DLR (LayerNorm)")
-    p.add_argument("--mask-ratio", type=float, default=None, help="masked SPT: share of positions masked (default: the task's)")
-    p.add_argument("--preset", choices=["tiny", "small", "paper"], default=None, help="sizes and budget (default: paper with CUDA, else tiny)")
-    p.add_argument("--epochs", type=int, default=None, help="fine-tuning epochs (default: preset)")
-    p.add_argument("--pretrain-epochs", type=int, default=None, help="SPT epochs (default: preset)")
-    p.add_argument("--eval-every", type=int, default=1, help="evaluate on val and checkpoint every this many epochs "
-                   "and after the last (--resume continues from the last evaluation)")
-    p.add_argument("--max-steps", type=int, default=0, help="stop each phase after this many steps (0: no limit)")
-    p.add_argument("--batch-size", type=int, default=None, help="fine-tuning examples per step, all processes together (default: preset)")
-    p.add_argument("--pretrain-batch-size", type=int, default=None, help="SPT examples per step (default: the "
-                   "preset's; CPU presets: --batch-size)")
-    p.add_argument("--accum-steps", type=int, default=None, help="fine-tuning: split each step into this many "
-                   "micro-batches (the same update, less memory; default: preset)")
-    p.add_argument("--pretrain-accum-steps", type=int, default=None, help="SPT micro-batches per step (default: preset)")
-    p.add_argument("--lr", type=float, default=None, help="fine-tuning learning rate (default: preset)")
-    p.add_argument("--pretrain-lr", type=float, default=None, help="SPT learning rate (default: preset)")
-    p.add_argument("--ssm-lr", type=float, default=None, help="lr of the SSM parameters, no weight decay (default: the model config's)")
-    p.add_argument("--weight-decay", type=float, default=None, help="AdamW weight decay (default: preset)")
-    p.add_argument("--warmup", type=int, default=None, help="linear warm-up steps (default: preset)")
-    p.add_argument("--schedule", choices=["constant", "cosine"], default="constant", help="lr after warm-up")
-    p.add_argument("--d-model", type=int, default=None, help="model width D (default: preset)")
-    p.add_argument("--n-layers", type=int, default=None, help="number of layers (default: preset)")
-    p.add_argument("--d-state", type=int, default=None, help="SSM state size N (default: preset)")
-    p.add_argument("--dropout", type=float, default=None, help="dropout (default: preset)")
-    p.add_argument("--pool", choices=["mean", "max", "last"], default=None, help="pooling over real positions (default: the task's)")
-    p.add_argument("--data-dir", default="data", help="folder with the LRA release, IMDB or CIFAR files; synthetic tasks are generated here")
-    p.add_argument("--cache-dir", default=None, help="where prepared arrays go (default: <data-dir>/cache if writable, else ./data/cache)")
-    p.add_argument("--difficulty", choices=["easy", "intermediate", "hard"], default="hard", help="Pathfinder/PathX contour length 6, 9 or 14")
-    p.add_argument("--generate", type=int, default=None, help="examples to generate when ListOps/Pathfinder/PathX files are absent, 0: never (default: preset)")
-    p.add_argument("--data-fraction", type=float, default=1.0, help="use this fraction of the train split (nested prefixes)")
-    p.add_argument("--max-len", type=int, default=None, help="text, retrieval: cut each document to this many tokens, "
-                   "EOS included (default: LRA's 4096 / 4000)")
-    p.add_argument("--max-train", type=int, default=None, help="use at most this many training examples, 0: all (default: preset)")
-    p.add_argument("--max-eval", type=int, default=None, help="use at most this many val and test examples, 0: all (default: preset)")
-    p.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (default: 0 on CPU; on "
-                   "CUDA 8, or the CPU cores per process if fewer)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model init; batch order and masks use seed+1, seed+2")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
-    p.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None, help="autocast dtype (the "
-                   "SSM FFTs stay fp32); default: bf16 on CUDA compute capability >= 8, fp16 + scaler below, fp32 on CPU")
-    p.add_argument("--amp", action="store_true", help="old name of --precision bf16")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (checkpoints keep plain keys)")
-    p.add_argument("--out", default="runs", help="parent folder of the run folder")
-    p.add_argument("--init-from", default=None, help="fine-tune from the backbone of this checkpoint (e.g. an earlier run's spt.pt)")
-    p.add_argument("--resume", default=None, help="continue the stopped run in this folder from its last.pt, with its own settings")
+    flag = p.add_argument
+    flag("--model", choices=MODELS, default="dlr", help="backbone: transformer, s4 or dlr")
+    flag("--task", choices=lra_data.TASKS, default="pathfinder", help=", ".join(lra_data.TASKS))
+    flag("--spt", action="store_true", help="self pre-train by denoising on the train split, then fine-tune")
+    flag("--objective", choices=["masked", "span", "causal", "rtd"], default="masked", help="SPT objective: masked "
+         "denoising, span masking (SpanBERT), next token (causal, needs --causal), replaced-token detection (ELECTRA)")
+    flag("--causal", action="store_true", help="causal Transformer / unidirectional S4 and DLR (LayerNorm)")
+    flag("--mask-ratio", type=float, default=None, help="masked, span, rtd: share of positions masked (default: the "
+         "task's)")
+    flag("--span-mean", type=float, default=3.0, help="span: mean span length (geometric, clipped at 10)")
+    flag("--gen-width", type=int, default=None, help="rtd: the generator's width (default: d_model / 4)")
+    flag("--gen-layers", type=int, default=1, help="rtd: the generator's layers")
+    flag("--rtd-weight", type=float, default=50.0, help="rtd: λ in L_gen + λ·L_disc (ELECTRA's 50)")
+    flag("--gdes", action=argparse.BooleanOptionalAction, default=True, help="rtd, token tasks: the discriminator "
+         "reads sg(E) + its own residual (DeBERTaV3); --no-gdes: E itself (ELECTRA)")
+    flag("--preset", choices=["tiny", "small", "paper"], default=None, help="sizes and budget (default: paper with "
+         "CUDA, else tiny)")
+    flag("--epochs", type=int, default=None, help="fine-tuning epochs (default: preset)")
+    flag("--pretrain-epochs", type=int, default=None, help="SPT epochs (default: preset)")
+    flag("--eval-every", type=int, default=1, help="evaluate and checkpoint every this many epochs and after the last")
+    flag("--max-steps", type=int, default=0, help="stop each phase after this many steps (0: no limit)")
+    flag("--batch-size", type=int, default=None, help="fine-tuning examples per step, all processes (default: preset)")
+    flag("--pretrain-batch-size", type=int, default=None, help="SPT examples per step (default: the preset's; CPU "
+         "presets: --batch-size)")
+    flag("--accum-steps", type=int, default=None, help="fine-tuning micro-batches per step: the same update in less "
+         "memory (default: preset)")
+    flag("--pretrain-accum-steps", type=int, default=None, help="SPT micro-batches per step (default: preset)")
+    flag("--lr", type=float, default=None, help="fine-tuning learning rate (default: preset)")
+    flag("--pretrain-lr", type=float, default=None, help="SPT learning rate (default: preset)")
+    flag("--ssm-lr", type=float, default=None, help="lr of the SSM parameters, no weight decay (default: config's)")
+    flag("--weight-decay", type=float, default=None, help="AdamW weight decay (default: preset)")
+    flag("--warmup", type=int, default=None, help="linear warm-up steps (default: preset)")
+    flag("--schedule", choices=["constant", "cosine"], default="constant", help="lr after warm-up")
+    flag("--d-model", type=int, default=None, help="model width D (default: preset)")
+    flag("--n-layers", type=int, default=None, help="number of layers (default: preset)")
+    flag("--d-state", type=int, default=None, help="SSM state size N (default: preset)")
+    flag("--dropout", type=float, default=None, help="dropout (default: preset)")
+    flag("--pool", choices=["mean", "max", "last"], default=None, help="pooling over real positions (default: task's)")
+    flag("--data-dir", default="data", help="the LRA release, IMDB or CIFAR files; synthetic tasks generated here")
+    flag("--cache-dir", default=None, help="prepared arrays (default: <data-dir>/cache if writable, else ./data/cache)")
+    flag("--difficulty", choices=["easy", "intermediate", "hard"], default="hard", help="Pathfinder/PathX contour "
+         "length 6, 9 or 14")
+    flag("--generate", type=int, default=None, help="examples to generate when ListOps/Pathfinder/PathX files are "
+         "absent, 0: never (default: preset)")
+    flag("--data-fraction", type=float, default=1.0, help="use this fraction of the train split (nested prefixes)")
+    flag("--max-len", type=int, default=None, help="text, retrieval: cut each document to this many tokens, EOS "
+         "included (default: LRA's 4096 / 4000)")
+    flag("--max-train", type=int, default=None, help="at most this many training examples, 0: all (default: preset)")
+    flag("--max-eval", type=int, default=None, help="at most this many val and test examples, 0: all (default: preset)")
+    flag("--workers", type=int, default=None, help="DataLoader worker processes (default: 0 on CPU; on CUDA 8, or "
+         "the CPU cores per process if fewer)")
+    flag("--seed", type=int, default=0, help="seed of the model init; batch order and masks use seed+1, seed+2")
+    flag("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda when available)")
+    flag("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None, help="autocast dtype, the SSM FFTs "
+         "stay fp32 (default: bf16 on CUDA compute capability >= 8, fp16 + scaler below, fp32 on CPU)")
+    flag("--amp", action="store_true", help="old name of --precision bf16")
+    flag("--compile", action="store_true", help="torch.compile the model (checkpoints keep plain keys)")
+    flag("--out", default="runs", help="parent folder of the run folder")
+    flag("--init-from", default=None, help="fine-tune from the backbone of this checkpoint (e.g. a run's spt.pt)")
+    flag("--resume", default=None, help="continue the stopped run in this folder from its last.pt, own settings")
     p.error = lambda message: fail(f"{message} (python train.py --help lists the flags)")   # not the 30-line usage
     args = p.parse_args(argv)
     return args, {k for k, v in vars(args).items() if v != p.get_default(k)}, vars(p.parse_args([]))
 
 
 def load_data(args):
-    """The three splits, each capped at --max-train / --max-eval by a fixed random subset. Generating and caching run
-    under a file lock before any collective, so DDP processes wait on the lock, never on a collective's timeout."""
-    data_dir = Path(args.data_dir).resolve()
+    """The three splits, each capped at --max-train / --max-eval by a fixed random subset -> (splits, source, notes,
+    seconds). Generating and caching run under a file lock before any collective, so DDP processes wait on the lock,
+    never on a collective's timeout."""
+    start, data_dir = time.time(), Path(args.data_dir).resolve()
     lock = Path(tempfile.gettempdir()) / f"lra-prepare-{hashlib.sha1(str(data_dir).encode()).hexdigest()[:12]}.lock"
     try:
         with file_lock(lock, busy=None):                                 # the other processes wait here
@@ -392,26 +355,39 @@ def load_data(args):
             splits[split] = torch.utils.data.Subset(splits[split], keep.tolist())
         if len(splits[split]) == 0:
             fail(f"the {split} split of {args.task} in {args.data_dir} is empty")
-    return splits, source, notes
+    return splits, source, notes, time.time() - start
 
 
 def pretrain(args, cfg, meta, splits, run_dir, device, resume):
-    """Phase 1: a fresh backbone + denoising head on the training inputs; the best one (val loss) is saved as spt.pt."""
+    """Phase 1: a fresh backbone + denoising head (rtd: + a small generator) on the training inputs; the best one by
+    the objective's own validation loss is saved as spt.pt."""
     torch.manual_seed(args.seed)
-    denoiser = Denoiser(MODELS[args.model][1](cfg), cfg.d_model, n_outputs(args.task)).to(device)
+    head = spt_head(args, cfg)
+    model = build_model(dict(meta, head=head)).to(device)
     phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size, args.pretrain_accum_steps,
                   "spt.pt", "loss")
-    prepare = partial(spt_inputs, task=args.task, device=device, objective=args.objective, ratio=args.mask_ratio)
-    spt_meta = dict(meta, head=dict(kind="denoise", n_out=n_outputs(args.task)))
-    return run_phase(phase, denoiser, prepare, splits, args, run_dir, spt_meta, resume)
+    prepare = partial(spt_inputs, task=args.task, device=device, objective=args.objective, ratio=args.mask_ratio,
+                      span_mean=args.span_mean, rtd_weight=args.rtd_weight)
+    return run_phase(phase, model, prepare, splits, args, run_dir, dict(meta, head=head), resume)
+
+
+def spt_head(args, cfg):
+    """The checkpoint's description of the SPT model: a denoising head, or ELECTRA's generator and discriminator
+    (the generator: the same family at --gen-width, --gen-layers)."""
+    if args.objective != "rtd":
+        return dict(kind="denoise", n_out=n_outputs(args.task))
+    gen_cfg = dataclasses.replace(cfg, d_model=args.gen_width, n_layers=args.gen_layers)
+    return dict(kind="rtd", n_out=n_outputs(args.task), gen_config=dataclasses.asdict(gen_cfg), gdes=args.gdes)
 
 
 def load_pretrained(classifier, args, run_dir, device, init_ck=None):
     """Copy the backbone of spt.pt (after --spt) or of --init-from (init_ck) into the classifier, strictly; say so."""
     path = run_dir / "spt.pt" if args.spt else Path(args.init_from)
     ck = init_ck or read_checkpoint(path, device)
+    state = ck["model"] if ck["head"]["kind"] != "rtd" else denoise.discriminator_backbone(ck["model"])
     try:
-        dropped, new = load_backbone(classifier, ck["model"])
+        dropped, new = load_backbone(classifier, state)
+        dropped = sorted(set(ck["model"]) - set(state) | set(dropped))   # rtd: the generator and both heads
     except RuntimeError as e:
         fail(f"loading the backbone of {path}: {str(e).splitlines()[0]}")
     log(run_dir, f"loaded backbone from {path} ({ck['phase']} epoch {ck['epoch']}, {ck['best']['name']} "
@@ -429,21 +405,16 @@ def test_best(classifier, args, splits, run_dir, device):
 def main(argv=None):
     t_start = time.time()
     args, given, defaults = parse_flags(argv)
-    resume = resume_settings(args, given, defaults) if args.resume else None     # the run's own settings
-    if resume:
-        args, resume = resume
+    resume = None
+    if args.resume:
+        args, resume = resume_settings(args, given, defaults)            # the run's own settings and its last.pt
     config_kw, notes = apply_presets(args)                               # preset first, then explicit flags win
     try:
         cfg = check_flags(args, config_kw)                               # every flag, before anything is written
     except ValueError as e:
         fail(str(e))
-    device, world = setup_device(args)
-    args.precision = precision(args, device)[0]                          # resolved once, printed, in config.json
-    if args.workers is None:                                             # CUDA: loader processes keep the GPU fed
-        args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
-    t_data = time.time()
-    splits, source, data_notes = load_data(args)                         # before any collective (DDP start-up)
-    seconds = {"data": time.time() - t_data}
+    device, world = setup_device(args)                                   # also settles --precision and --workers
+    splits, source, data_notes, t_data = load_data(args)                 # before any collective (DDP start-up)
     device = join_process_group(device, world)
     head = dict(kind="classifier", n_classes=lra_data.TASKS[args.task].n_classes, pool=args.pool,
                 pair=lra_data.TASKS[args.task].pair)
@@ -458,7 +429,7 @@ def main(argv=None):
             fail(f"--init-from {e}")
     threads = dict(torch_threads=torch.get_num_threads(), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"))
     lines = startup_lines(args, "given" if "preset" in given or resume else "default", notes, device, world, threads,
-                          splits, source, data_notes, classifier, meta, seconds["data"])
+                          splits, source, data_notes, classifier, meta, t_data)
     if resume:
         lines.insert(0, f"resuming after {resume['phase']} epoch {resume['epoch']} (step {resume['step']})")
     run_meta = dict(meta, preset=args.preset, device=str(device), torch=torch.__version__, git=git_commit(),
@@ -468,25 +439,35 @@ def main(argv=None):
         try:
             results = run_both_phases(args, cfg, meta, classifier, splits, run_dir, device, resume, init_ck)
         except KeyboardInterrupt as e:
-            last = read_checkpoint(run_dir / "last.pt") if (run_dir / "last.pt").is_file() else None
-            saved = f"last.pt holds {last['phase']} epoch {last['epoch']}" if last else "no checkpoint yet"
-            then = f"continue with: python train.py --resume {run_dir}" if last else "start the run again"
-            print(f"train.py: stopped by Ctrl-C at {e.args[0] if e.args else 'start-up'}; {saved}; {then}",
-                  file=sys.stderr)
-            raise SystemExit(130) from None
-        n_params = sum(p.numel() for p in classifier.parameters())
-        results.update(params=n_params, n_train=len(splits["train"]), data_source=source, data_notes=data_notes,
-                       preset=args.preset, device=str(device), processes=world, threads=threads, run_dir=str(run_dir))
-        seconds.update(results["wall_time_s"], total=time.time() - t_start)
-        results["wall_time_s"] = seconds
-        if rank_and_world()[0] == 0:
-            (run_dir / "results.json").write_text(json.dumps(results, indent=2))
-        phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
-        log(run_dir, f"done in {seconds['total'] / 60:.1f} min ({phases}): {run_dir}", {"phase": "done", "wall_time_s": seconds})
+            stopped_by_ctrl_c(run_dir, e.args[0] if e.args else "start-up")
+        results.update(params=sum(p.numel() for p in classifier.parameters()), n_train=len(splits["train"]),
+                       data_source=source, data_notes=data_notes, preset=args.preset, device=str(device),
+                       processes=world, threads=threads, run_dir=str(run_dir))
+        results["wall_time_s"] = {"data": t_data, **results["wall_time_s"], "total": time.time() - t_start}
+        write_results(run_dir, results)
     if world > 1:  # free the DDP wrappers (reference cycles) first: else gloo threads can outlive the group and
         gc.collect()   # abort the exit (SIGABRT, "terminate called without an active exception")
         dist.destroy_process_group()
     return results
+
+
+def stopped_by_ctrl_c(run_dir, where):
+    """One line instead of a KeyboardInterrupt traceback: where the run stopped, what is saved, how to go on."""
+    last = read_checkpoint(run_dir / "last.pt") if (run_dir / "last.pt").is_file() else None
+    saved = f"last.pt holds {last['phase']} epoch {last['epoch']}" if last else "no checkpoint yet"
+    then = f"continue with: python train.py --resume {run_dir}" if last else "start the run again"
+    print(f"train.py: stopped by Ctrl-C at {where}; {saved}; {then}", file=sys.stderr)
+    raise SystemExit(130)
+
+
+def write_results(run_dir, results):
+    """results.json (rank 0) and the last log line."""
+    if rank_and_world()[0] == 0:
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    seconds = results["wall_time_s"]
+    phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
+    log(run_dir, f"done in {seconds['total'] / 60:.1f} min ({phases}): {run_dir}",
+        {"phase": "done", "wall_time_s": seconds})
 
 
 def startup_lines(args, how, notes, device, world, threads, splits, source, data_notes, classifier, meta, t_data):
@@ -528,9 +509,11 @@ def run_both_phases(args, cfg, meta, classifier, splits, run_dir, device, resume
     spt_text = " | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items()) if spt else ""
     log(run_dir, f"test | acc {test['acc']:.4f} | loss {test['loss']:.4f} | best val_acc {ft['best']:.4f} "
         f"(epoch {ft['epoch']}){spt_text}", {"phase": "test", "test_acc": test["acc"], "test_loss": test["loss"]})
+    settings = {"span": ["span_mean"], "rtd": ["gen_width", "gen_layers", "rtd_weight", "gdes"]}.get(args.objective, [])
+    objective = {k: getattr(args, k) for k in ["objective", "mask_ratio", *settings]} if args.spt else None
+    spt_val = spt and {"name": spt["metric"], "value": spt["best"], "epoch": spt["epoch"], **spt["val"]}
     return {"test_acc": test["acc"], "test_loss": test["loss"], "best_val_acc": ft["best"], "best_epoch": ft["epoch"],
-            "spt_val_metric": spt and {"name": spt["metric"], "value": spt["best"], "epoch": spt["epoch"], **spt["val"]},
-            "wall_time_s": seconds}
+            "spt_val_metric": spt_val, "spt_objective": objective, "wall_time_s": seconds}
 
 
 if __name__ == "__main__":

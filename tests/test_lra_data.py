@@ -1,10 +1,11 @@
-"""Tests for lra_data.py against the real data in ../shared/data (see SOURCES.md there). CPU only, caches in tmp_path."""
+"""Tests for lra_data.py against the real data (the shared_data fixture of tests/conftest.py; SOURCES.md there says
+where each file came from), and that a user's data is never overwritten and nothing shrinks silently. CPU only; every
+cache goes into tmp_path."""
 import io
+import json
 import pickle
 import shutil
-import sys
 import tarfile
-import types
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,9 @@ import torch
 from PIL import Image
 
 import lra_data
-from lra_data import EOS, PAD, TASKS, DataError, collate, evaluate_listops, generate_listops, load, normalize
+import lra_files
+import pathfinder
+from lra_data import EOS, PAD, TASKS, DataError, collate, load, normalize
 
 LISTOPS_TEST = "listops/nyu_listops_original/test_d20s.tsv"
 PF32 = "pathfinder_ref/pathfinder32/curv_contour_length_14"
@@ -26,28 +29,7 @@ def shared_file(shared_data, rel):
     return path
 
 
-def operator_depth_and_arity(tokens):
-    """Deepest operator nesting and each operator's number of arguments, from tokens without parentheses."""
-    n_args, deepest, arities = [0], 0, []        # n_args[-1]: arguments the innermost open operator has so far
-    for t in tokens:
-        if t == "]":
-            arities.append(n_args.pop())
-        else:
-            n_args[-1] += 1
-            if t.startswith("["):
-                n_args.append(0)
-                deepest = max(deepest, len(n_args) - 1)
-    return deepest, arities
-
-
 # ----------------------------------------------------------------------------- ListOps
-
-def test_evaluate_listops_reproduces_all_10000_original_test_labels(shared_data):
-    rows = [line.split("\t") for line in shared_file(shared_data, LISTOPS_TEST).read_text().splitlines()]
-    assert len(rows) == 10000
-    wrong = [(label, expr) for label, expr in rows if evaluate_listops(expr) != int(label)]
-    assert not wrong, f"{len(wrong)} labels differ, first: {wrong[0][0]} for {wrong[0][1][:80]}"
-
 
 def test_listops_loader_keeps_closing_bracket_in_both_file_formats(shared_data, tmp_path):
     lines = shared_file(shared_data, LISTOPS_TEST).read_text().splitlines()[:300]
@@ -72,31 +54,6 @@ def test_listops_loader_keeps_closing_bracket_in_both_file_formats(shared_data, 
     assert n_brackets > 300
 
 
-def test_listops_generator_follows_the_lra_rules_and_labels_match_evaluate(tmp_path):
-    folder = generate_listops(tmp_path / "a", n_train=40, n_val=5, n_test=5, seed=1, min_length=20, max_length=200)
-    generate_listops(tmp_path / "b", n_train=40, n_val=5, n_test=5, seed=1, min_length=20, max_length=200)
-    real = generate_listops(tmp_path / "real", n_train=2, n_val=1, n_test=1)      # the real 500 < length < 2000 rule
-    exprs = []
-    for root, lo, hi in ((folder, 20, 200), (real, 500, 2000)):
-        for part in ("train", "val", "test"):
-            lines = (root / f"basic_{part}.tsv").read_text().splitlines()
-            assert lines[0] == "Source\tTarget", "release header missing"
-            for line in lines[1:]:
-                expr, label = line.split("\t")
-                tokens = lra_data.listops_tokens(expr)
-                depth, arities = operator_depth_and_arity(tokens)
-                assert lo < len(tokens) < hi, f"length {len(tokens)} outside ({lo}, {hi})"
-                assert depth <= 9, "an operator deeper than depth 9 (LRA forces digits at depth 10)"
-                assert all(2 <= k <= 10 for k in arities), "an operator without 2..10 arguments"
-                assert {t for t in tokens if t.startswith("[")} <= {"[MIN", "[MAX", "[MED", "[SM"}
-                assert evaluate_listops(expr) == int(label)
-                if root == folder:
-                    exprs.append(expr)
-    assert len(set(exprs)) == len(exprs) == 50, "duplicate trees across splits"
-    for part in ("train", "val", "test"):
-        assert (folder / f"basic_{part}.tsv").read_bytes() == (tmp_path / "b/listops-1000" / f"basic_{part}.tsv").read_bytes(), "same seed, different data"
-
-
 def test_load_generates_listops_on_request_and_says_so(tmp_path):
     ds = load("listops", "train", tmp_path, generate=100, cache_dir=tmp_path / "cache")
     assert len(ds) == 96 and len(load("listops", "val", tmp_path, cache_dir=tmp_path / "cache")) == 2
@@ -110,8 +67,9 @@ def test_text_is_bytes_plus_4_truncated_to_4096_with_eos_and_val_is_carved_from_
     kw = dict(cache_dir=tmp_path)
     train, val, test = (load("text", s, root, **kw) for s in ("train", "val", "test"))
     assert (len(train), len(val), len(test)) == (450, 50, 500)
-    assert not set(train.index) & set(val.index) and train.part == val.part == "train", "val must come from train, disjoint"
-    files = sorted((root / "test" / "neg").glob("*.txt")) + sorted((root / "test" / "pos").glob("*.txt"))   # documented order
+    assert not set(train.index) & set(val.index) and train.part == val.part == "train", \
+        "val must come from train, disjoint"
+    files = sorted((root / "test" / "neg").glob("*.txt")) + sorted((root / "test" / "pos").glob("*.txt"))   # in order
     assert test.labels.tolist() == [0] * 250 + [1] * 250
     n_long = 0
     for i, path in enumerate(files):
@@ -132,7 +90,7 @@ def test_text_reads_the_50k_archive_directly_and_reuses_its_cache(shared_data, t
     assert np.bincount(test.labels).tolist() == [12500, 12500]
     first = (shared_data / "text/aclImdb_sample/test/neg/0_2.txt").read_bytes()
     assert test[0][0][:-1].tolist() == [b + 4 for b in first[:4095]], "archive and folder disagree on test/neg/0_2.txt"
-    monkeypatch.setattr(lra_data, "_imdb_rows", lambda src: pytest.fail("cache was rebuilt"))
+    monkeypatch.setattr(lra_files, "imdb_rows", lambda *a: pytest.fail("cache was rebuilt"))
     assert len(load("text", "val", archive.parent, cache_dir=tmp_path)) == 2500
 
 
@@ -153,21 +111,24 @@ def test_cifar_batches_give_lra_grayscale_and_keep_label_order(shared_data, tmp_
     folder = tmp_path / "dir" / "cifar-10-batches-py"
     folder.mkdir(parents=True)
     for b in range(5):
-        (folder / f"data_batch_{b + 1}").write_bytes(pickle.dumps(cifar_batch(train_pngs[40 * b: 40 * b + 40], train_labels[40 * b: 40 * b + 40])))
+        batch = cifar_batch(train_pngs[40 * b: 40 * b + 40], train_labels[40 * b: 40 * b + 40])
+        (folder / f"data_batch_{b + 1}").write_bytes(pickle.dumps(batch))
     (folder / "test_batch").write_bytes(pickle.dumps(cifar_batch(test_pngs, [int(p.stem[-1]) for p in test_pngs])))
     (tmp_path / "tar").mkdir()
     with tarfile.open(tmp_path / "tar" / "cifar-10-python.tar.gz", "w:gz") as tar:
         tar.add(folder, arcname="cifar-10-batches-py")
     for root in (tmp_path / "dir", tmp_path / "tar"):
         test = load("image", "test", root, cache_dir=tmp_path / "cache")
-        assert test.labels.tolist() == [3, 8, 8, 0, 6, 6, 1, 6, 3, 1, 0, 9, 5, 7, 9, 8, 5, 7, 8, 6], "label order changed"
+        assert test.labels.tolist() == [3, 8, 8, 0, 6, 6, 1, 6, 3, 1, 0, 9, 5, 7, 9, 8, 5, 7, 8, 6], \
+            "label order changed"
         for i, png in enumerate(test_pngs):
             rgb = np.asarray(Image.open(png).convert("RGB"), np.float64)
             grey = np.rint(rgb @ [0.2989, 0.5870, 0.1140]).reshape(-1)
             assert test[i][0].dtype == torch.uint8 and test[i][0].tolist() == grey.tolist()
             pil = np.asarray(Image.open(png).convert("L"), np.int64).reshape(-1)
             assert np.abs(test[i][0].numpy().astype(np.int64) - pil).max() <= 1
-        train, val = load("image", "train", root, cache_dir=tmp_path / "cache"), load("image", "val", root, cache_dir=tmp_path / "cache")
+        train = load("image", "train", root, cache_dir=tmp_path / "cache")
+        val = load("image", "val", root, cache_dir=tmp_path / "cache")
         assert len(val) == 20 and len(train) == 180 and not set(train.index) & set(val.index)
         assert train.labels.tolist() == [train_labels[i] for i in train.index], "train labels out of batch order"
 
@@ -176,7 +137,8 @@ def test_cifar_batches_give_lra_grayscale_and_keep_label_order(shared_data, tmp_
 
 def test_pathfinder32_reference_reads_12000_images_split_80_10_10(shared_data, tmp_path):
     folder = shared_file(shared_data, PF32)
-    splits = {s: load("pathfinder", s, shared_data / "pathfinder_ref", cache_dir=tmp_path) for s in ("train", "val", "test")}
+    splits = {s: load("pathfinder", s, shared_data / "pathfinder_ref", cache_dir=tmp_path)
+              for s in ("train", "val", "test")}
     assert [len(d) for d in splits.values()] == [9600, 1200, 1200]
     idx = [set(d.index.tolist()) for d in splits.values()]
     assert set.union(*idx) == set(range(12000)) and sum(map(len, idx)) == 12000, "splits overlap or miss images"
@@ -226,18 +188,18 @@ def write_pathfinder(folder, images, labels):
         else:
             Image.fromarray(img).save(folder / "imgs" / "0" / f"sample_{j}.png")
     (folder / "metadata").mkdir()
-    (folder / "metadata" / "0.npy").write_text("".join(f"imgs/0 sample_{j}.png {j} {y} 1.0 14 4 2 0.5 1 1\n" for j, y in enumerate(labels)))
+    (folder / "metadata" / "0.npy").write_text("".join(f"imgs/0 sample_{j}.png {j} {y} 1.0 14 4 2 0.5 1 1\n"
+                                                       for j, y in enumerate(labels)))
 
 
 def test_pathfinder_generate_writes_release_layout_and_marks_source(tmp_path, monkeypatch):
     def fake_generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers=1):
-        folder = root / f"pathfinder{res}" / "curv_contour_length_14"
+        folder = root / f"pathfinder{res}" / "curv_contour_length_14"    # as pathfinder.generate_pathfinder: mark first
+        folder.mkdir(parents=True)
+        (folder / lra_data.GENERATED_MARK).write_text("fake\n")
         write_pathfinder(folder, [np.full((res, res), j, np.uint8) for j in range(n)], [j % 2 for j in range(n)])
         return folder
-    if hasattr(lra_data, "generate_pathfinder"):        # after the lead merges the generator into lra_data.py
-        monkeypatch.setattr(lra_data, "generate_pathfinder", fake_generate_pathfinder)
-    else:
-        monkeypatch.setitem(sys.modules, "pathfinder_gen", types.SimpleNamespace(generate_pathfinder=fake_generate_pathfinder))
+    monkeypatch.setattr(pathfinder, "generate_pathfinder", fake_generate_pathfinder)
     ds = load("pathfinder", "train", tmp_path, generate=20, cache_dir=tmp_path / "c")
     assert len(ds) == 16 and ds.source.startswith("generated by lra_data.py")
     assert all(int(ds[i][0][0]) == int(ds.index[i]) for i in range(len(ds))), "image j is not example j"
@@ -254,7 +216,8 @@ def test_retrieval_reads_release_tsv_and_collates_pairs(tmp_path):
     ds = load("retrieval", "val", tmp_path, cache_dir=tmp_path / "c")
     assert ds.labels.tolist() == [1, 0, 1]
     x0, _ = ds[0]
-    assert x0.shape == (2, 4001) and x0[0, -1] == EOS and (x0[0, :-1] == ord("x") + 4).all(), "doc not cut to 4000 + EOS"
+    assert x0.shape == (2, 4001) and x0[0, -1] == EOS and (x0[0, :-1] == ord("x") + 4).all(), \
+        "doc not cut to 4000 + EOS"
     assert x0[1, :6].tolist() == [b + 4 for b in b"short"] + [EOS] and (x0[1, 6:] == PAD).all()
     x, lengths, y = collate([ds[1], ds[2]])
     assert x.shape == (2, 2, 7) and lengths.tolist() == [[6, 7], [3, 2]] and y.tolist() == [0, 1]
@@ -278,7 +241,8 @@ def test_max_len_cuts_documents_to_max_len_with_eos_and_refuses_listops(tmp_path
 
 def test_data_fraction_subsets_nest_and_leave_val_and_test_alone(shared_data, tmp_path):
     root = shared_file(shared_data, "text/aclImdb_sample")
-    sets = [set(load("text", "train", root, data_fraction=f, cache_dir=tmp_path).index.tolist()) for f in (0.1, 0.5, 1.0)]
+    sets = [set(load("text", "train", root, data_fraction=f, cache_dir=tmp_path).index.tolist())
+            for f in (0.1, 0.5, 1.0)]
     assert [len(s) for s in sets] == [45, 225, 450] and sets[0] < sets[1] < sets[2], "subsets do not nest"
     other_seed = set(load("text", "train", root, data_fraction=0.1, seed=1, cache_dir=tmp_path).index.tolist())
     assert other_seed != sets[0]
@@ -289,7 +253,8 @@ def test_data_fraction_subsets_nest_and_leave_val_and_test_alone(shared_data, tm
 def test_collate_pads_tokens_and_stacks_pixels_and_normalize_matches_lra():
     x, lengths, y = collate([(torch.tensor([5, 6, EOS]), 1), (torch.tensor([7, EOS]), 0)])
     assert x.tolist() == [[5, 6, EOS], [7, EOS, PAD]] and lengths.tolist() == [3, 2] and y.tolist() == [1, 0]
-    x, lengths, y = collate([(torch.zeros(1024, dtype=torch.uint8), 0), (torch.full((1024,), 255, dtype=torch.uint8), 1)])
+    black, white = torch.zeros(1024, dtype=torch.uint8), torch.full((1024,), 255, dtype=torch.uint8)
+    x, lengths, y = collate([(black, 0), (white, 1)])
     assert x.dtype == torch.uint8 and x.shape == (2, 1024) and lengths.tolist() == [1024, 1024]
     assert normalize(x, "pathfinder")[:, 0].tolist() == [-1.0, 1.0]
     torch.testing.assert_close(normalize(x, "image")[:, 0], torch.tensor([-122.6 / 61, (255 - 122.6) / 61]))
@@ -298,9 +263,11 @@ def test_collate_pads_tokens_and_stacks_pixels_and_normalize_matches_lra():
 # ----------------------------------------------------------------------------- bad input
 
 def test_missing_files_name_the_path_the_download_and_the_generate_command(tmp_path):
-    expected = {"listops": ["listops-1000", "lra_release.gz", "--generate"], "retrieval": ["new_aan_pairs", "lra_release.gz"],
+    expected = {"listops": ["listops-1000", "lra_release.gz", "--generate"],
+                "retrieval": ["new_aan_pairs", "lra_release.gz"],
                 "text": ["aclImdb", "Stanford"], "image": ["cifar-10-python.tar.gz", "Krizhevsky"],
-                "pathfinder": ["pathfinder32/curv_contour_length_14/metadata", "lra_release.gz", "--task pathfinder", "--generate"],
+                "pathfinder": ["pathfinder32/curv_contour_length_14/metadata", "lra_release.gz", "--task pathfinder",
+                               "--generate"],
                 "pathx": ["pathfinder128", "--task pathx", "--generate"], "pathx256": ["pathfinder256", "--generate"]}
     for task, words in expected.items():
         with pytest.raises(DataError) as e:
@@ -343,10 +310,29 @@ def test_corrupt_missing_or_wrongly_sized_image_names_the_file(tmp_path):
     assert not list((tmp_path / "c").iterdir()), "a failed build left a half-written cache behind"
 
 
-def test_default_cache_never_goes_into_read_only_data(shared_data, tmp_path):
-    assert lra_data.cache_root(shared_data / "text") == Path("data") / "cache", "would write next to read-only shared data"
+def test_default_cache_never_goes_into_read_only_data(tmp_path):
+    read_only = tmp_path / "read_only"                  # our own read-only folder: the shared one may be writable
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    try:
+        assert lra_data.cache_root(read_only) == Path("data") / "cache", "would write next to read-only data"
+    finally:
+        read_only.chmod(0o755)
     assert lra_data.cache_root(tmp_path) == tmp_path / "cache"
-    assert lra_data.cache_root(shared_data, tmp_path / "mine") == tmp_path / "mine"
+    assert lra_data.cache_root(read_only, tmp_path / "mine") == tmp_path / "mine"
+
+
+def test_a_read_only_default_data_folder_is_refused_as_its_own_fallback_cache(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                         # --data-dir data (the default): ./data/cache would be inside it
+    folder = lra_data.generate_listops(tmp_path / "data", 20, 2, 2, min_length=10, max_length=60)
+    before = snapshot(tmp_path / "data")
+    (tmp_path / "data").chmod(0o555)
+    try:
+        one_line_error(lambda: load("listops", "train"), "data is read-only", "--cache-dir")
+    finally:
+        (tmp_path / "data").chmod(0o755)
+    assert snapshot(tmp_path / "data") == before and sorted(p.name for p in (tmp_path / "data").iterdir()) == \
+        [folder.name], "a cache was written into the read-only data folder"
 
 
 def test_cli_prints_source_split_sizes_and_label_balance(shared_data, tmp_path, capsys):
@@ -354,5 +340,176 @@ def test_cli_prints_source_split_sizes_and_label_balance(shared_data, tmp_path, 
     assert lra_data.main(["--task", "text", "--data-dir", str(root), "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f"source: IMDB (Maas et al. 2011) at {root}" in out
-    assert "train     450 examples" in out and "val        50 examples" in out and "test      500 examples | labels 0:50.0% 1:50.0%" in out
+    assert "train     450 examples" in out and "val        50 examples" in out
+    assert "test      500 examples | labels 0:50.0% 1:50.0%" in out
     assert lra_data.main(["--task", "listops", "--data-dir", str(tmp_path / "none")]) == 2
+
+
+# ----------------------------------------------------------------------------- a user's data is never replaced
+
+def snapshot(folder):                      # {relative path: bytes} of every file below folder
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_line_error(call, *words):
+    with pytest.raises(DataError) as e:
+        call()
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in words), f"expected one line naming {words}, got: {msg}"
+    return msg
+
+
+def test_generation_refuses_a_folder_holding_files_it_did_not_make(tmp_path):
+    folder = tmp_path / "data" / "pathfinder32" / "curv_contour_length_14"   # real images whose metadata/ went missing
+    write_pathfinder(folder, [np.full((32, 32), j, np.uint8) for j in range(12)], [j % 2 for j in range(12)])
+    shutil.rmtree(folder / "metadata")
+    before = snapshot(tmp_path / "data")
+    one_line_error(lambda: load("pathfinder", "train", tmp_path / "data", generate=20, cache_dir=tmp_path / "c"),
+                   f"found 12 PNG files but no metadata/ in {folder}", "--data-dir <empty folder>")
+    assert snapshot(tmp_path / "data") == before, "files were written or changed in a folder we did not make"
+    assert lra_data.main(["--task", "pathfinder", "--data-dir", str(tmp_path / "data"), "--generate", "20",
+                          "--cache-dir", str(tmp_path / "c")]) == 2, "the CLI did not stop with status 2"
+    assert snapshot(tmp_path / "data") == before, "the CLI wrote into a folder we did not make"
+    listops = tmp_path / "l" / "listops-1000"                                # a ListOps folder missing one file
+    listops.mkdir(parents=True)
+    (listops / "basic_train.tsv").write_text("Source\tTarget\n( [MAX 2 3 ] )\t3\n")
+    one_line_error(lambda: load("listops", "train", tmp_path / "l", generate=100, cache_dir=tmp_path / "c"),
+                   "basic_train.tsv", str(listops), "--data-dir <empty folder>")
+    assert (listops / "basic_train.tsv").read_text() == "Source\tTarget\n( [MAX 2 3 ] )\t3\n", "file changed"
+    assert sorted(p.name for p in listops.iterdir()) == ["basic_train.tsv"], "files were added next to it"
+
+
+def test_generation_never_overwrites_a_file_even_in_its_own_folder(tmp_path):
+    folder = lra_data.generate_listops(tmp_path, 20, 2, 2, min_length=10, max_length=60)
+    (folder / "basic_test.tsv").unlink()                                     # our folder, one file lost
+    before = snapshot(folder)
+    one_line_error(lambda: load("listops", "train", tmp_path, generate=24, cache_dir=tmp_path / "c"),
+                   f"{folder / 'basic_train.tsv'} already exists", "never overwrites")
+    assert snapshot(folder) == before, "our own ListOps folder was changed"
+    pf = lra_data.generate_pathfinder(tmp_path, n=4, per_batch=4)
+    (pf / "metadata" / "0.npy").unlink()                                     # as if interrupted mid-batch
+    before = snapshot(pf)
+    one_line_error(lambda: load("pathfinder", "train", tmp_path, generate=20, cache_dir=tmp_path / "c"),
+                   "sample_0.png already exists")
+    assert snapshot(pf) == before, "our own Pathfinder folder was changed"
+
+
+def test_generation_refuses_a_data_dir_that_is_a_difficulty_folder_itself(tmp_path):
+    folder = tmp_path / "curv_contour_length_14"
+    write_pathfinder(folder, [np.zeros((32, 32), np.uint8)] * 2, [0, 1])
+    shutil.rmtree(folder / "metadata")
+    before = snapshot(folder)
+    for data_dir in (folder, folder / "imgs" / "0", tmp_path):              # imgs/; PNG files; curv_* folders
+        one_line_error(lambda: load("pathfinder", "train", data_dir, generate=20, cache_dir=tmp_path / "c"),
+                       f"--data-dir {data_dir}", "point --data-dir at the folder above pathfinder32/")
+    assert snapshot(folder) == before and not (folder / "pathfinder32").exists(), "generated below a difficulty folder"
+
+
+def test_original_listops_files_in_data_dir_are_never_mixed_with_generated_ones(tmp_path):
+    for name in ("test_d20s.tsv", "train_d20s.tsv"):                         # Nangia & Bowman's release, label<TAB>expr
+        (tmp_path / name).write_text("3\t( ( [MAX 2 ) 3 ) ] )\n")
+    for generate in (100, None):
+        one_line_error(lambda: load("listops", "train", tmp_path, generate=generate, cache_dir=tmp_path / "c"),
+                       "test_d20s.tsv, train_d20s.tsv", f"in {tmp_path}", "listops-1000/basic_{train,val,test}.tsv",
+                       "--data-dir <empty folder>")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["test_d20s.tsv", "train_d20s.tsv"], "generated next to them"
+    (tmp_path / "listops-1000").mkdir()                                      # placed as the message says: read as is
+    for part in ("train", "val", "test"):
+        shutil.copy(tmp_path / "train_d20s.tsv", tmp_path / "listops-1000" / f"basic_{part}.tsv")
+    for name in ("test_d20s.tsv", "train_d20s.tsv"):
+        (tmp_path / name).unlink()
+    assert load("listops", "test", tmp_path, cache_dir=tmp_path / "c").labels.tolist() == [3]
+
+
+def test_a_task_folder_both_in_data_dir_and_under_lra_release_is_refused_naming_both(tmp_path):
+    for root in (tmp_path, tmp_path / "lra_release"):
+        lra_data.generate_listops(root, 20, 2, 2, min_length=10, max_length=60)
+    one_line_error(lambda: load("listops", "train", tmp_path, cache_dir=tmp_path / "c"),
+                   str(tmp_path / "listops-1000"), str(tmp_path / "lra_release" / "listops-1000"))
+
+
+# ----------------------------------------------------------------------------- nothing shrinks or goes stale silently
+
+def test_a_count_differing_from_generate_is_reported_with_the_command_that_regenerates(tmp_path, capsys):
+    folder = lra_data.generate_listops(tmp_path, 96, 2, 2, min_length=10, max_length=60)
+    before = snapshot(folder)
+    ds = load("listops", "train", tmp_path, generate=1000, cache_dir=tmp_path / "c")
+    assert len(ds) == 96 and snapshot(folder) == before, "our own data was regenerated or changed"
+    assert any(f"{folder} holds 100 generated examples (96 / 2 / 2), not the 1,000 asked for" in n and
+               f"delete {folder}" in n and "python lra_data.py --task listops --data-dir <empty folder> --generate 1000"
+               in n for n in ds.notes), ds.notes
+    assert lra_data.main(["--task", "listops", "--data-dir", str(tmp_path), "--cache-dir", str(tmp_path / "c"),
+                          "--generate", "1000"]) == 0
+    assert "note: " + ds.notes[-1] in capsys.readouterr().out, "the CLI does not print the note"
+    pf = lra_data.generate_pathfinder(tmp_path, n=10, per_batch=10)
+    ds = load("pathfinder", "train", tmp_path, generate=30, cache_dir=tmp_path / "c")
+    assert len(ds) == 8 and any(f"{pf} holds 10 generated examples, not the 30" in n and "--difficulty hard" in n
+                                for n in ds.notes), ds.notes
+    assert not load("pathfinder", "train", tmp_path, generate=10, cache_dir=tmp_path / "c").notes
+
+
+def test_empty_metadata_file_is_reported_in_notes_also_when_the_cache_is_reused(tmp_path, monkeypatch):
+    folder = tmp_path / "pathfinder32" / "curv_contour_length_14"
+    write_pathfinder(folder, [np.zeros((32, 32), np.uint8)] * 20, [j % 2 for j in range(20)])
+    (folder / "imgs" / "3").mkdir()
+    for j in range(5):                                                       # batch 3: images, empty metadata
+        shutil.copy(folder / "imgs" / "0" / "sample_0.png", folder / "imgs" / "3" / f"sample_{j}.png")
+    (folder / "metadata" / "3.npy").write_text("")
+    note = f"skipped 1 empty metadata file: {folder / 'metadata' / '3.npy'} (0 images listed; 5 PNGs"
+    ds = load("pathfinder", "train", tmp_path, cache_dir=tmp_path / "c")
+    assert any(note in n for n in ds.notes), ds.notes
+    monkeypatch.setattr(lra_data, "_build_pathfinder", lambda *a: pytest.fail("cache was rebuilt"))
+    again = load("pathfinder", "test", tmp_path, cache_dir=tmp_path / "c")
+    assert again.notes == ds.notes, "the reused cache lost the notes"
+    assert any(note in n for n in json.loads((ds.store / "meta.json").read_text())["notes"]), "not in meta.json"
+
+
+def write_imdb(root, reviews):             # reviews: {"train/pos/0_7.txt": b"...", ...}, other folders get one review
+    for split in ("train", "test"):
+        for label in ("pos", "neg"):
+            (root / split / label).mkdir(parents=True, exist_ok=True)
+            (root / split / label / "99_5.txt").write_bytes(b"fine")
+    for name, data in reviews.items():
+        (root / name).write_bytes(data)
+
+
+def test_empty_reviews_and_cut_expressions_are_counted_in_notes_kept_in_the_cache(tmp_path):
+    write_imdb(tmp_path / "imdb", {"train/pos/1_8.txt": b"", "test/neg/2_1.txt": b"x" * 5000})
+    notes = load("text", "test", tmp_path / "imdb", cache_dir=tmp_path / "c").notes
+    assert "1 of 6 reviews are empty (kept as EOS only)" in notes, notes
+    assert "1 of 6 reviews cut to 4095 bytes + EOS" in notes, notes
+    listops = tmp_path / "l" / "listops-1000"
+    listops.mkdir(parents=True)
+    long = "( [SM " + " ".join(["1"] * 2100) + " ] )"                        # 2,102 tokens > 2048
+    for part in ("train", "val", "test"):
+        (listops / f"basic_{part}.tsv").write_text(f"Source\tTarget\n{long}\t0\n\n( [MAX 2 3 ] )\t3\n")
+    for _ in range(2):                                                       # built, then read from the cache
+        notes = load("listops", "val", tmp_path / "l", cache_dir=tmp_path / "c").notes
+        assert f"1 ListOps expression in {listops / 'basic_val.tsv'} cut to 2048 tokens (incl. EOS)" in notes
+        assert f"skipped 1 empty line in {listops / 'basic_test.tsv'}" in notes, notes
+
+
+def test_cache_is_rebuilt_when_a_png_is_truncated_and_then_names_it(tmp_path):
+    folder = lra_data.generate_pathfinder(tmp_path, n=20, per_batch=10)
+    assert len(load("pathfinder", "train", tmp_path, cache_dir=tmp_path / "c")) == 16
+    bad = folder / "imgs" / "1" / "sample_3.png"
+    bad.write_bytes(bad.read_bytes()[:40])
+    one_line_error(lambda: load("pathfinder", "train", tmp_path, cache_dir=tmp_path / "c"), str(bad))
+
+
+def test_cache_is_rebuilt_when_a_review_is_edited(tmp_path):
+    write_imdb(tmp_path, {})
+    review = tmp_path / "test" / "neg" / "99_5.txt"
+    assert load("text", "test", tmp_path, cache_dir=tmp_path / "c")[0][0][:-1].tolist() == [b + 4 for b in b"fine"]
+    review.write_bytes(b"edited!")
+    x = load("text", "test", tmp_path, cache_dir=tmp_path / "c")[0][0]
+    assert x[:-1].tolist() == [b + 4 for b in b"edited!"], "the stale cache was used"
+
+
+def test_loading_shared_data_writes_nothing_into_it(shared_data, tmp_path):
+    pf = shared_data / "pathfinder_ref"
+    before = {p: p.stat().st_mtime_ns for p in [shared_data, *shared_data.rglob("*")] if p.is_dir()}
+    load("pathx", "val", pf, cache_dir=tmp_path)
+    load("text", "val", shared_file(shared_data, "text/aclImdb_sample"), cache_dir=tmp_path)
+    after = {p: p.stat().st_mtime_ns for p in [shared_data, *shared_data.rglob("*")] if p.is_dir()}
+    assert after == before, "a folder under the shared data changed"

@@ -44,11 +44,13 @@ def exits_with_one_line(argv, capsys, says):
 
 # ---- DDP ------------------------------------------------------------------------------------------------------------
 
-def test_two_ddp_processes_train_exactly_as_one_process(data_dir, tmp_path):
+@pytest.mark.parametrize("objective", ["masked", "span", "rtd"])
+def test_two_ddp_processes_train_exactly_as_one_process(objective, data_dir, tmp_path):
     # 17 training examples in batches of 8: the last batch has one example, so one process runs it with weight 0;
     # 9 val / test examples: the same in evaluation. SPT masks vary per process: the loss weighting must fix that.
     flags = ["--data-dir", str(data_dir), *TINY, "--model", "dlr", "--task", "listops", "--spt", "--batch-size", "8",
-             "--max-train", "17", "--max-eval", "9", "--pretrain-epochs", "2", "--epochs", "2", "--device", "cpu"]
+             "--max-train", "17", "--max-eval", "9", "--pretrain-epochs", "2", "--epochs", "2", "--device", "cpu",
+             "--objective", objective]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            "train.py", "--out", str(tmp_path / "two"), *flags], cwd=REPO, capture_output=True,
@@ -73,11 +75,13 @@ def test_global_batch_that_does_not_split_over_the_processes_exits_with_status_2
 
 # ---- resume, NaN guard --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("stop_in", ["spt", "finetune"])
-def test_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(stop_in, data_dir, tmp_path, monkeypatch,
-                                                                       capsys):
+@pytest.mark.parametrize("stop_in, objective", [("spt", "masked"), ("finetune", "masked"), ("spt", "span"),
+                                               ("finetune", "span"), ("spt", "rtd"), ("finetune", "rtd")])
+def test_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(stop_in, objective, data_dir, tmp_path,
+                                                                       monkeypatch, capsys):
     flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3", "--epochs", "3",
-             "--max-train", "32", "--batch-size", "8", "--dropout", "0.1"]    # 4 steps per epoch; dropout uses the RNG
+             "--max-train", "32", "--batch-size", "8", "--dropout", "0.1",    # 4 steps per epoch; dropout uses the RNG
+             "--objective", objective]
     full, full_dir = run(data_dir, tmp_path / "full", *flags)
     kill_at, calls, step = (6 if stop_in == "spt" else 18), [], train.guard_step   # step 6: SPT epoch 2; 18: FT epoch 2
     def killed(*a):                                      # the kill_at-th optimiser step is hit by a Ctrl-C
@@ -146,6 +150,10 @@ def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir,
     (["--device", "foo"], "--device foo"),
     (["--device", "cuda:7"], "--device cuda:7"),
     (["--accum-steps", "0"], "--accum-steps 0"),
+    (["--task", "image", "--spt", "--objective", "rtd"], "--objective rtd"),   # L1 values: nothing to sample from
+    (["--spt", "--objective", "span", "--span-mean", "0.5"], "--span-mean 0.5"),
+    (["--spt", "--objective", "rtd", "--gen-width", "0"], "--gen-width 0"),
+    (["--model", "transformer", "--spt", "--objective", "rtd", "--gen-width", "6"], "d_model=6"),   # 6 / 4 heads
 ])
 def test_bad_flag_exits_with_status_2_and_one_line_before_any_run_folder(flags, says, data_dir, tmp_path, capsys):
     exits_with_one_line(["--task", "listops", "--data-dir", str(data_dir), "--out", str(tmp_path / "runs"), *TINY,
@@ -392,7 +400,7 @@ def test_gradient_accumulation_over_k_micro_batches_equals_one_full_batch(task, 
     for k in (1, 3, 5):
         model.zero_grad()
         for part in train.micro_batches(slice(0, 12), k):
-            train.batch_loss(model, b, part, b.weight.sum())[0].backward()
+            train.batch_loss(model, b, part)[0].backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     for k, g in zip((3, 5), grads[1:]):
         torch.testing.assert_close(g, grads[0], atol=1e-5, rtol=1e-5, msg=f"{k} micro-batches != one batch ({task})")

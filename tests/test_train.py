@@ -76,6 +76,22 @@ def test_tiny_run_from_scratch_completes(model, task, data_dir, tmp_path):
         assert all(abs(loss - math.log(2)) < 0.3 for loss in losses), f"{model}/pathfinder: loss left the ln 2 plateau oddly: {losses}"
 
 
+@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+@pytest.mark.parametrize("objective, task", [("span", "listops"), ("rtd", "listops"), ("span", "pathfinder"),
+                                             ("rtd", "pathfinder")])
+def test_tiny_run_of_each_new_objective_pre_trains_fine_tunes_and_tests(model, objective, task, data_dir, tmp_path):
+    results, run_dir = run(data_dir, tmp_path, "--model", model, "--task", task, "--spt", "--objective", objective,
+                           "--pretrain-epochs", "3", "--epochs", "1")
+    losses = train_losses(run_dir, "spt")
+    assert losses[-1] < losses[0], f"{model}/{objective}/{task}: SPT training loss did not drop: {losses}"
+    assert results["spt_objective"]["objective"] == objective and 0 <= results["test_acc"] <= 1
+    assert "loaded backbone from" in (run_dir / "log.txt").read_text()
+    if objective == "rtd":   # the generator is dropped: fine-tuning checkpoints hold the classifier only
+        keys = torch.load(run_dir / "best.pt", weights_only=True)["model"]
+        assert not any(k.startswith(("generator", "gen_head", "disc_head")) for k in keys)
+        assert {"gen_width", "gen_layers", "rtd_weight", "gdes"} <= set(results["spt_objective"])
+
+
 @pytest.mark.parametrize("task", ["retrieval", "image"])
 def test_tiny_spt_run_on_retrieval_pairs_and_image_values(task, fake_release, tmp_path):
     results, run_dir = run(fake_release, tmp_path, "--model", "dlr", "--task", task, "--spt", "--pretrain-epochs", "3", "--epochs", "1")
@@ -226,7 +242,7 @@ def test_metrics_over_batches_equal_metrics_over_everything():
     logits, target = torch.randn(100, 10, generator=gen), torch.randint(0, 10, (100,), generator=gen)
     stats = lambda a, b: train.statistics(a, b, denoise.losses(a, b), torch.ones(b.shape))
     whole = train.metrics(stats(logits, target))
-    parts = train.metrics(stats(logits[:37], target[:37]) + stats(logits[37:], target[37:]))
+    parts = train.metrics(train.add(stats(logits[:37], target[:37]), stats(logits[37:], target[37:])))
     assert abs(whole["loss"] - parts["loss"]) < 1e-5 and whole["acc"] == parts["acc"], f"{whole} != {parts}"
     torch.testing.assert_close(whole["loss"], torch.nn.functional.cross_entropy(logits, target).item())
 

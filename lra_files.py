@@ -1,0 +1,215 @@
+"""lra_files.py: the official Long Range Arena files (Tay et al., ICLR 2021) as downloaded -> token ids and pixel rows.
+tokens: ids 0-3 = PAD, MASK, EOS, UNK; byte b -> id b + 4; each document ends with EOS (ListOps ids: listops.py)
+        Retrieval: AAN pairs (Radev et al. 2013) tsv_data/new_aan_pairs.{train,eval,test}.tsv
+        Text: IMDB reviews (Maas et al. 2011), the aclImdb/ folder or aclImdb*.tar.gz, read without unpacking
+pixels: Image: CIFAR-10 python batches (Krizhevsky 2009), folder or tar.gz -> grey = 0.2989 R + 0.5870 G + 0.1140 B
+        Pathfinder / PathX: metadata/<k>.npy (one line per image: path, label) + the 8-bit PNGs it lists
+Each reader appends one-line notes on what it skipped, found empty or cut, and raises DataError naming file and line.
+check: tests/test_lra_data.py reads the real files through lra_data.load; tests/test_lra_files.py the formats' corners.
+"""
+import os
+import pickle
+import re
+import tarfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+PAD, MASK, EOS, UNK = 0, 1, 2, 3              # special ids shared by all token tasks (PAD = 0 = padding_idx)
+N_SPECIAL = 4
+
+
+class DataError(Exception):
+    """Missing or malformed input. The message is one actionable line; train.py exits with status 2."""
+
+
+def byte_ids(data: bytes, max_len):            # -> uint16 (≤ max_len,): byte b -> b + 4, then EOS
+    ids = np.frombuffer(data[: max_len - 1], np.uint8).astype(np.uint16) + N_SPECIAL
+    return np.append(ids, np.uint16(EOS))
+
+
+def plural(n, word):
+    return f"{n:,} {word}{'s' * (n != 1)}"
+
+
+def note_if(count, text, notes):               # a note only for what happened: count > 0
+    if count:
+        notes.append(text)
+
+
+def _read_archive(src, keep, download):
+    """{member name: bytes} of the files in a .tar.gz whose name passes `keep`, read without unpacking."""
+    try:
+        with tarfile.open(src, "r:gz") as archive:
+            return {m.name: archive.extractfile(m).read()
+                    for m in tqdm(archive, desc=f"reading {src.name}", unit=" files") if m.isfile() and keep(m.name)}
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise DataError(f"{src}: cannot read the archive ({e}); download {download} again") from None
+
+
+# ----------------------------------------------------------------------------- Retrieval (AAN)
+# Token readers yield (part, [ids per document], label): the rows lra_data.py streams into its cache.
+
+def aan_rows(folder, max_len, notes):
+    """(part, [ids uint16 (≤ max_len,) of text1, of text2], label 0/1) of the LRA retrieval TSVs: no header; columns
+    label (may be written 1.0), id1, id2, text1, text2. Raises DataError naming file and line."""
+    for part, name in (("train", "train"), ("val", "eval"), ("test", "test")):
+        path = folder / f"new_aan_pairs.{name}.tsv"
+        blank, cut, empty = 0, 0, 0
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                line = line.rstrip(b"\r\n")
+                if not line.strip():
+                    blank += 1
+                    continue
+                cols = line.split(b"\t")
+                try:
+                    label = float(cols[0])
+                except ValueError:
+                    label = -1.0
+                if len(cols) != 5 or label not in (0.0, 1.0):
+                    raise DataError(f"{path}:{lineno}: expected 5 tab-separated columns (label 0/1, id1, id2, "
+                                    f"text1, text2), got {len(cols)} columns starting {line[:40]!r}")
+                cut += (len(cols[3]) >= max_len) + (len(cols[4]) >= max_len)
+                empty += (not cols[3]) + (not cols[4])
+                yield part, [byte_ids(cols[3], max_len), byte_ids(cols[4], max_len)], int(label)
+        note_if(blank, f"skipped {plural(blank, 'empty line')} in {path}", notes)
+        note_if(empty, f"{plural(empty, 'empty document')} in {path} (kept as EOS only)", notes)
+        note_if(cut, f"{plural(cut, 'document')} in {path} cut to {max_len - 1} bytes + EOS", notes)
+
+
+# ----------------------------------------------------------------------------- Text (IMDB)
+
+IMDB_FILE = re.compile(r"(?:^|/)(train|test)/(pos|neg|unsup)/([^/]+\.txt)$")
+
+
+def imdb_files(src):             # the review files read from an aclImdb folder (sorted), or [the archive]
+    if not src.is_dir():
+        return [src]
+    folders = [src / split / label for split in ("train", "test") for label in ("pos", "neg")]
+    return sorted(p for folder in folders for p in folder.glob("*.txt"))
+
+
+def imdb_rows(src, max_len, notes):
+    """(part, [ids uint16 (≤ max_len,)], label 1 = pos / 0 = neg) of the reviews in the aclImdb folder or straight
+    from the archive (src), sorted by path so both give one order; train/unsup/ is counted in a note and skipped."""
+    if src.is_dir():
+        files = {p.relative_to(src).as_posix(): p.read_bytes() for p in imdb_files(src)}
+        unlabeled = len(list(src.glob("train/unsup/*.txt")))
+    else:
+        files = _read_archive(src, IMDB_FILE.search, "aclImdb_v1.tar.gz")
+        unlabeled = sum(IMDB_FILE.search(name)[2] == "unsup" for name in files)
+    reviews = {m.groups(): data for name, data in files.items()
+               if (m := IMDB_FILE.search(name)) and m[2] != "unsup"}                      # (split, label, file)
+    cut = sum(len(data) >= max_len for data in reviews.values())
+    empty = sum(not data for data in reviews.values())
+    note_if(unlabeled, f"ignored {plural(unlabeled, 'unlabeled review')} in train/unsup/ (LRA uses pos/neg)", notes)
+    note_if(empty, f"{empty:,} of {len(reviews):,} reviews are empty (kept as EOS only)", notes)
+    note_if(cut, f"{cut:,} of {len(reviews):,} reviews cut to {max_len - 1} bytes + EOS", notes)
+    for split, label, name in sorted(reviews):
+        yield split, [byte_ids(reviews[split, label, name], max_len)], int(label == "pos")
+
+
+# ----------------------------------------------------------------------------- Image (CIFAR-10)
+
+CIFAR_BATCHES = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+CIFAR_TAR = "cifar-10-python.tar.gz"
+
+
+def cifar_files(src):            # the batch files read from a cifar-10-batches-py folder, or [the archive]
+    return [src / n for part in CIFAR_BATCHES.values() for n in part] if src.is_dir() else [src]
+
+
+def cifar_batches(src):
+    """{"train": (data uint8 (50000, 3072) RGB planes, labels int64 (50000,)), "test": ...}, folder or archive."""
+    if src.is_dir():
+        files = {p.name: p.read_bytes() for p in cifar_files(src) if p.is_file()}
+    else:
+        files = {Path(n).name: b for n, b in _read_archive(src, lambda n: "_batch" in n, CIFAR_TAR).items()}
+    out = {}
+    for part, names in CIFAR_BATCHES.items():
+        datas, labels = [], []
+        for name in names:
+            if name not in files:
+                raise DataError(f"{src}: CIFAR-10 batch {name} is missing; download {CIFAR_TAR} again")
+            batch = pickle.loads(files[name], encoding="bytes")       # the official format is a pickle
+            data, y = batch.get(b"data", batch.get("data")), batch.get(b"labels", batch.get("labels"))
+            if data is None or y is None or np.shape(data) != (len(y), 3072) or not set(y) <= set(range(10)):
+                raise DataError(f"{src}/{name}: not a CIFAR-10 python batch (need 'data' (n, 3072) uint8, "
+                                f"'labels' 0-9)")
+            datas.append(np.asarray(data, np.uint8))
+            labels.extend(y)
+        out[part] = np.concatenate(datas), np.array(labels, np.int64)
+    return out
+
+
+def cifar_gray(data):                           # data: (n, 3072) uint8, R, G, B planes of 32×32 -> (n, 1024) uint8
+    r, g, b = np.asarray(data, np.float64).reshape(len(data), 3, 1024).transpose(1, 0, 2)    # (n, 1024) each
+    return np.clip(np.rint(0.2989 * r + 0.5870 * g + 0.1140 * b), 0, 255).astype(np.uint8)   # rounded to nearest
+
+
+# ----------------------------------------------------------------------------- Pathfinder / PathX
+
+KNOWN_EMPTY = {"pathfinder32/curv_baseline/imgs/0/sample_172.png"}     # an empty PNG in lra_release (S4 skips it too)
+
+
+def read_pngs(job):                             # runs in worker processes: (paths, side) -> (k, side²) uint8
+    paths, side = job
+    out = np.empty((len(paths), side * side), np.uint8)
+    for k, path in enumerate(paths):
+        try:
+            with Image.open(path) as im:
+                pixels = np.asarray(im if im.mode == "L" else im.convert("L"))     # (side, side) uint8
+        except (OSError, ValueError, SyntaxError) as e:           # missing, empty, truncated or not an image
+            raise DataError(f"{path}: cannot read this image ({e}); download or generate the data again") from None
+        if pixels.shape != (side, side):
+            raise DataError(f"{path}: image is {pixels.shape[1]}x{pixels.shape[0]} pixels, expected {side}x{side}")
+        out[k] = pixels.reshape(-1)
+    return out
+
+
+def metadata_files(folder):                     # batch ids can have gaps, so glob; sort numerically as S4 does
+    key = lambda p: (not p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else p.stem)
+    return sorted((folder / "metadata").glob("*.npy"), key=key)
+
+
+def pathfinder_index(folder, side):
+    """(image paths (str), labels int64 (n,), notes) from metadata/<k>.npy: one line per image, `imgs/<k>
+    sample_<j>.png <j> <label> ...` (text, or the original generator's binary np.save of (n, 11) strings).
+    Raises DataError naming file and line."""
+    paths, labels = [], []
+    known_empty, empty_files, blank = [], [], 0          # what is skipped, for the notes
+    for meta in metadata_files(folder):
+        raw = meta.read_bytes()
+        if raw.startswith(b"\x93NUMPY"):
+            rows = [list(map(str, r)) for r in np.load(meta, allow_pickle=False)]
+        else:
+            rows = [line.split() for line in raw.decode("utf-8", errors="replace").splitlines()]
+        if not any(rows):
+            empty_files.append(meta)
+            continue
+        for lineno, fields in enumerate(rows, 1):
+            if not fields:
+                blank += 1
+                continue
+            if len(fields) < 4 or fields[3] not in ("0", "1"):
+                raise DataError(f"{meta}:{lineno}: expected 'imgs/<k> sample_<j>.png <j> <label 0/1> ...', "
+                                f"got {' '.join(fields)[:60]!r}")
+            path = f"{folder}/{fields[0]}/{fields[1]}"             # str: 200k Path objects would dominate a load
+            if f"pathfinder{side}/{folder.name}/{fields[0]}/{fields[1]}" in KNOWN_EMPTY and os.path.exists(path) \
+                    and not os.path.getsize(path):
+                known_empty.append(path)
+                continue
+            paths.append(path)
+            labels.append(int(fields[3]))
+    notes = []
+    note_if(known_empty, f"skipped {len(known_empty)} known-empty release image(s): {', '.join(known_empty)}", notes)
+    if empty_files:
+        unused = sum(len(list((folder / "imgs" / m.stem).glob("*.png"))) for m in empty_files)
+        notes.append(f"skipped {plural(len(empty_files), 'empty metadata file')}: "
+                     f"{', '.join(map(str, empty_files[:3]))}{', ...' * (len(empty_files) > 3)} "
+                     f"(0 images listed; {unused:,} PNGs in their imgs/<k>/ folders are not used)")
+    note_if(blank, f"skipped {plural(blank, 'empty line')} in {folder / 'metadata'}/*.npy", notes)
+    return paths, np.array(labels, np.int64), notes
