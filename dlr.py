@@ -1,10 +1,10 @@
 """dlr.py: DLR, the diagonal linear RNN layer and backbone (Gupta, Mehta, Berant, arXiv 2212.00768, 2022).
 recurrent:    x_k = λ⊙x_{k-1} + u_k,  y_k = Re(W x_k)     (λ_n = exp(−p_n² + iθ_n), one set shared by all channels)
 convolution:  y = K * u,  K_l = Re(W λ^l) = Re Σ_n W_n λ_n^l
--> both views must agree: see tests/test_dlr.py.
+-> both views must agree: see tests/test_dlr.py and tests/test_ssm.py.
 DLR is S4 with the reparameterisation removed: no HiPPO, no Δ, no discretisation, no B, no conjugate pairs.
-The block (SSMLayer: FFT convolution, D skip, GELU, GLU, norms, padding) is S4's, imported from s4.py.
 Shapes: B batch, L length, H = d_model channels, N state size; S = 1 or 2 directions (bidirectional).
+The block around the kernel (FFT convolution, D skip, GELU, GLU, norms, padding) is ssm.py's.
 """
 import math
 from dataclasses import dataclass
@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from s4 import SSMLayer, apply_norm, norm_layer, pad_mask, vandermonde
+from ssm import SSMLayer, apply_norm, check_config, check_lengths, norm_layer, pad_mask, require, vandermonde
 
 SSM_PARAMS = {"lambda_p", "lambda_theta", "W"}   # own lr (cfg.ssm_lr), no weight decay
 
@@ -24,20 +24,25 @@ class DLRConfig:
     n_layers: int = 4
     d_state: int = 1024              # N, complex modes λ_n (no conjugate pairs), shared by all channels
     dropout: float = 0.1             # tied along L: one mask per (batch, channel)
-    bidirectional: bool = True       # + a backward SSM on u_{t+1:} (shifted by one, see s4.fft_conv); False = causal
+    bidirectional: bool = True       # + a backward SSM on u_{t+1:} (shifted by one, see ssm.fft_conv); False = causal
     dt_min: float = 1e-4             # init: log|λ_n| = −dt_n/2, dt_n log-uniform in [dt_min, dt_max]
     dt_max: float = 1e-1
     prenorm: bool = True             # norm → mixer → residual (True) or mixer → residual → norm (False)
     norm: str = "layer"              # "layer" | "batch" (BatchNorm statistics over real positions only)
-    vocab_size: Optional[int] = None  # V: tokens (B, L) -> nn.Embedding(V, D, padding_idx=0)
-    d_input: int = 1                 # floats (B, L, d_input) -> nn.Linear(d_input, D), when vocab_size is None
+    vocab_size: Optional[int] = None  # V: tokens (B, L) -> nn.Embedding(V, H, padding_idx=0)
+    d_input: int = 1                 # floats (B, L, d_input) -> nn.Linear(d_input, H), when vocab_size is None
     ssm_lr: float = 1e-4             # lr for SSM_PARAMS (train.py)
+
+    def __post_init__(self):
+        """ValueError, one line naming the field, for a config no DLR can be built from."""
+        check_config(self)                                             # the rules every SSM config shares (ssm.py)
+        require(self.d_state >= 1, f"d_state={self.d_state} must be >= 1")
 
 
 # ----------------------------------------------------------------------------- init
 
 def dlr_init(N, dt_min, dt_max):
-    """DLR init (Gupta et al. 2022; SPEC §3): log λ_n = −½·dt_n + i·2πn/N, dt_n log-uniform in [dt_min, dt_max].
+    """DLR init (Gupta et al. 2022, §3): log λ_n = −½·dt_n + i·2πn/N, dt_n log-uniform in [dt_min, dt_max].
     Returns p = √(dt/2) and θ = 2πn/N, each (N,) float64, so that λ_n = exp(−p_n² + iθ_n)."""
     log_dt = math.log(dt_min) + torch.rand(N, dtype=torch.float64) * (math.log(dt_max) - math.log(dt_min))  # (N,)
     dt = torch.exp(log_dt)                                                           # (N,)
@@ -48,8 +53,8 @@ def dlr_init(N, dt_min, dt_max):
 
 def dlr_kernel(log_lambda, W, L):
     """DLR kernel K_{h,l} = Re Σ_n W_{h,n} λ_n^l: a Vandermonde product. The powers λ^l are shared by all H channels,
-    so it is one (H×N)·(N×L) matmul per direction, made by s4.vandermonde from split powers λ^{a·c}·λ^b without an
-    (N, L) table. log_lambda: (S, N), W: (S, H, N) -> K (S, H, L) real."""
+    so it is one (H×N)·(N×L) matmul per direction, made by ssm.vandermonde from split powers λ^{a·c}·λ^b without an
+    (N, L) table. log_lambda: (S, N) complex, W: (S, H, N) complex -> K (S, H, L) real."""
     return vandermonde(W, log_lambda, L)                                             # (S, H, L)
 
 
@@ -74,6 +79,7 @@ class DLRKernel(nn.Module):
         """log λ: (S, N) complex, p² floored at 1e-6 so |λ| < 1 even in float32; W: (S, H, N) complex."""
         return torch.complex(-(self.lambda_p ** 2).clamp(min=1e-6), self.lambda_theta), torch.view_as_complex(self.W)
 
+    @torch.compiler.disable   # complex-valued, and its split depends on L: eager under torch.compile (no recompiles)
     def forward(self, L):
         """Kernel K for length L: (H, L), or (2, H, L) = (forward, backward) when bidirectional; real, param dtype."""
         K = dlr_kernel(*self._params(), L)                                           # (S, H, L)
@@ -93,20 +99,23 @@ class DLRKernel(nn.Module):
 # ----------------------------------------------------------------------------- backbone
 
 class DLR(nn.Module):
-    """DLR backbone: encoder → n_layers × SSMLayer → final norm. forward(x, lengths=None) -> (B, L, D) features.
-    x: (B, L) long tokens when cfg.vocab_size is set, else (B, L, d_input) float; lengths: (B,) long or None.
-    With post-norm the last block's norm is the final norm. No head (train.py owns heads)."""
+    """DLR backbone: encoder → n_layers × SSMLayer(DLRKernel) → final norm; no head (train.py owns the heads).
+    forward(inputs, lengths=None) -> (B, L, H) features, float. inputs: (B, L) long tokens when cfg.vocab_size is
+    set, else (B, L, d_input) float. lengths: (B,) long; None means no padding: train.py passes None for a batch
+    without pads (it knows that on the host; finding it out here would make the host wait for the device).
+    Raises ValueError when lengths is not of shape (B,). With post-norm the last block's norm is the final norm."""
 
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        D = cfg.d_model
-        self.encoder = nn.Embedding(cfg.vocab_size, D, padding_idx=0) if cfg.vocab_size else nn.Linear(cfg.d_input, D)
+        H = cfg.d_model
+        self.encoder = nn.Embedding(cfg.vocab_size, H, padding_idx=0) if cfg.vocab_size else nn.Linear(cfg.d_input, H)
         self.layers = nn.ModuleList(SSMLayer(cfg, DLRKernel(cfg)) for _ in range(cfg.n_layers))
-        self.norm = norm_layer(cfg.norm, D) if cfg.prenorm else nn.Identity()        # post-norm blocks end normed
+        self.norm = norm_layer(cfg.norm, H) if cfg.prenorm else nn.Identity()        # post-norm blocks end normed
 
-    def forward(self, x, lengths=None):
-        h = self.encoder(x)                                               # (B, L) | (B, L, d_input) -> (B, L, D)
+    def forward(self, inputs, lengths=None):
+        check_lengths(lengths, inputs.size(0))
+        u = self.encoder(inputs)                                          # (B, L) | (B, L, d_input) -> (B, L, H)
         for layer in self.layers:
-            h = layer(h, lengths)                                                    # (B, L, D)
-        return apply_norm(self.norm, h, pad_mask(lengths, h.size(1), h.device))      # (B, L, D)
+            u = layer(u, lengths)                                                    # (B, L, H)
+        return apply_norm(self.norm, u, pad_mask(lengths, u.size(1), u.device))      # (B, L, H)

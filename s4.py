@@ -1,10 +1,11 @@
-"""s4.py: S4 (HiPPO-LegS, normal plus low-rank), S4D, the SSM block and backbone (Gu et al. ICLR 2022, NeurIPS 2022).
+"""s4.py: S4 (HiPPO-LegS, normal plus low-rank), S4D and their backbone (Gu et al. ICLR 2022, NeurIPS 2022).
 continuous:   x'(t) = A x(t) + B u(t),  y(t) = C x(t),  A = V(Λ − P̃P̃*)V*  (HiPPO-LegS diagonalised, S4 §3.2)
 recurrent:    x_k = Ā x_{k-1} + B̄ u_k,  y_k = C x_k   (bilinear: Ā = (I − Δ/2·A)⁻¹(I + Δ/2·A), B̄ = (I − Δ/2·A)⁻¹ΔB)
 convolution:  y = K * u,  K_l = C Ā^l B̄, from its generating function at the roots of unity (S4 §2.4, §3.3, Alg. 1)
 -> both views must agree, and K must equal C Ā^l B̄ from dense matrix powers: see tests/test_s4.py.
 Shapes: B batch, L length, H = d_model channels (the papers' H), N state size; Hk = H, or 2H when bidirectional
 (forward + backward SSMs). Every SSM stores one mode of each conjugate pair: (Hk, N/2) complex, output 2·Re(...).
+The block around the kernel (FFT convolution, D skip, GELU, GLU, norms, padding) is ssm.py's.
 """
 import math
 from dataclasses import dataclass
@@ -12,7 +13,9 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from ssm import RFFT, SSMLayer, apply_norm, check_config, check_lengths, norm_layer, pad_mask, require, vandermonde
+from ssm import fft_conv  # noqa: F401 re-exported: s4.fft_conv, as before the block moved to ssm.py
 
 SSM_PARAMS = {"log_dt", "Lambda_re", "Lambda_im", "P", "B"}   # own lr (cfg.ssm_lr), no weight decay; C, D: ordinary
 
@@ -23,16 +26,24 @@ class S4Config:
     n_layers: int = 4
     d_state: int = 64                # N, state size (stored as N/2 complex conjugate pairs)
     dropout: float = 0.1             # tied along L: one mask per (batch, channel)
-    bidirectional: bool = True       # + a backward SSM on u_{t+1:} (shifted by one, see fft_conv); False = causal
+    bidirectional: bool = True       # + a backward SSM on u_{t+1:} (shifted by one, see ssm.fft_conv); False = causal
     mode: str = "nplr"               # "nplr" = S4 (HiPPO-LegS, bilinear) | "diag" = S4D (diagonal, ZOH)
     diag_init: str = "lin"           # S4D init of Λ when mode="diag": "lin" (Im Λ_n = πn) | "inv"
     dt_min: float = 1e-3             # Δ, step size: log-uniform init in [dt_min, dt_max] per channel (PathX: 1e-4)
     dt_max: float = 1e-1
     prenorm: bool = True             # norm → mixer → residual (True) or mixer → residual → norm (False)
     norm: str = "layer"              # "layer" | "batch" (BatchNorm statistics over real positions only)
-    vocab_size: Optional[int] = None  # V: tokens (B, L) -> nn.Embedding(V, D, padding_idx=0)
-    d_input: int = 1                 # floats (B, L, d_input) -> nn.Linear(d_input, D), when vocab_size is None
+    vocab_size: Optional[int] = None  # V: tokens (B, L) -> nn.Embedding(V, H, padding_idx=0)
+    d_input: int = 1                 # floats (B, L, d_input) -> nn.Linear(d_input, H), when vocab_size is None
     ssm_lr: float = 1e-3             # lr for SSM_PARAMS (train.py)
+
+    def __post_init__(self):
+        """ValueError, one line naming the field, for a config no S4 can be built from."""
+        check_config(self)                                             # the rules every SSM config shares (ssm.py)
+        require(self.d_state >= 1, f"d_state={self.d_state} must be >= 1")
+        require(self.d_state % 2 == 0, f"d_state={self.d_state} must be even for S4 (N/2 conjugate pairs are stored)")
+        require(self.mode in ("nplr", "diag"), f"mode={self.mode!r} must be 'nplr' or 'diag'")
+        require(self.diag_init in ("lin", "inv"), f"diag_init={self.diag_init!r} must be 'lin' or 'inv'")
 
 
 # ----------------------------------------------------------------------------- init: HiPPO-LegS, S4D
@@ -49,8 +60,9 @@ def nplr_legs(N):
     """HiPPO-LegS as normal plus low-rank, diagonalised (S4 §3.2, Thm. 1): A = V(Λ − P̃P̃*)V*.
     With P_n = √(n+½), A + PPᵀ = −½I + S and S is skew-symmetric, so −iS is Hermitian: eigh (float64) gives
     S = V·diag(iω)·V*, Λ = −½ + iω. S is real, so modes come in conjugate pairs: keep the N/2 with ω > 0.
-    Returns Λ, P̃ = V*P, B̃ = V*B, each (N/2,) complex128, and V (N, N/2) complex128 (full basis: [V, conj V])."""
-    assert N % 2 == 0, "d_state must be even (conjugate pairs)"
+    Returns Λ, P̃ = V*P, B̃ = V*B, each (N/2,) complex128, and V (N, N/2) complex128 (full basis: [V, conj V]).
+    Raises ValueError for odd N."""
+    require(N % 2 == 0, f"N={N} must be even (conjugate pairs)")
     A, B = hippo_legs(N)                                                             # (N, N), (N,)
     P = torch.sqrt(torch.arange(N, dtype=torch.float64) + 0.5)                      # (N,)
     S = A + P[:, None] * P[None, :] + 0.5 * torch.eye(N, dtype=torch.float64)        # (N, N), skew-symmetric
@@ -80,54 +92,6 @@ def full_dot(a, b):
     return 2 * (a.conj() * b).sum(-1, keepdim=True).real
 
 
-class RFFT(torch.autograd.Function):
-    """torch.fft.rfft(x, n=n) with a lean backward: the adjoint of a real FFT is one inverse real FFT, with the
-    one-sided bins halved (irfft counts each twice). PyTorch's own backward (CPU) runs a full complex FFT and returns
-    a stride-2 gradient, on which the batched matmuls behind it take a slow path (5× here); this one is ~3× faster
-    and dense. Use as RFFT.apply(x, n)."""
-
-    @staticmethod
-    def forward(ctx, x, n):
-        ctx.m, ctx.n = x.size(-1), n                                                 # x is zero-padded from m to n
-        return torch.fft.rfft(x, n=n)                                                # (..., n/2+1) complex
-
-    @staticmethod
-    def backward(ctx, g):                                                            # g: (..., n/2+1) complex
-        n = ctx.n
-        weight = torch.full((n // 2 + 1,), 0.5, dtype=g.real.dtype, device=g.device)  # (n/2+1,): bins 1 .. (n−1)/2
-        weight[0] = weight[(n + 1) // 2 :] = 1                                       # are counted twice by irfft
-        return torch.fft.irfft(g * weight, n=n, norm="forward")[..., : ctx.m], None  # (..., m) real; n·irfft
-
-
-def powers(log_w, n):
-    """w^j for j < n by doubling, w^{j+k} = w^j·w^k for k = 1, 2, 4, ...: log2(n) exp calls on (G, M) instead of one
-    on (G, M, n), the rest are multiplications. log_w: (G, M) complex -> (G, M, n) complex, same dtype."""
-    w = torch.ones_like(log_w)[..., None]                                            # (G, M, 1), w^0
-    while w.size(-1) < n:
-        w = torch.cat([w, w * torch.exp(w.size(-1) * log_w)[..., None]], -1)        # (G, M, 2k)
-    return w[..., :n]                                                                # (G, M, n)
-
-
-def vandermonde(coef, log_w, L):
-    """Re Σ_n coef_{g,r,n} w_{g,n}^l for l < L: coef (G, R, M) complex, log_w (G, M) complex -> (G, R, L) real.
-    The kernels of S4D (G = Hk, R = 1), DLR (G = S, R = H, λ shared by the channels) and the Cauchy sums of S4 (R = 4).
-    Split powers: l = a·c + b (b < c) and w^l = w^{a·c}·w^b. Only the tables w^b and w^{a·c}, M·(c + L/c) values,
-    are computed; w^{a·c} is folded into coef, and what is left is one batched matmul (G, R·L/c, M)·(G, M, c): matmul
-    speed, and no (G, M, L) tensor in the forward or in autograd. c ≈ √(R·L), a power of two, makes those two factors
-    equally big, so their memory grows like √L. The tables are made in float64, then cast: w^l made in float32
-    carries a phase error of ~l·ε (l up to 65536; S4's HiPPO modes then lose 3 digits), the cast only ε."""
-    G, R, M = coef.shape
-    c = min(L, 2 ** (round(math.log2(R * L)) // 2))                                 # split: l = a·c + b
-    log_w = log_w.to(torch.complex128)                                               # (G, M)
-    small = powers(log_w.conj(), c).to(coef.dtype)                                   # (G, M, c), conj(w^b)
-    big = powers(c * log_w, -(-L // c)).to(coef.dtype)                               # (G, M, L/c), w^{a·c}
-    scaled = (coef[:, :, None, :] * big.transpose(1, 2)[:, None]).reshape(G, -1, M)   # (G, R·L/c, M) complex
-    # Re(x·y) = Re x·Re y − Im x·Im y: one real matmul of half the flops of a complex one, on (re, im) pairs
-    small = torch.view_as_real(small).transpose(2, 3).reshape(G, 2 * M, c)          # (G, 2M, c): Re w^b, −Im w^b
-    K = (torch.view_as_real(scaled).reshape(G, -1, 2 * M) @ small).view(G, R, -1)   # (G, R, ⌈L/c⌉·c) real
-    return K if K.size(-1) == L else K[..., :L]     # (G, R, L); a slice would cost a zero-filled copy in backward
-
-
 def bilinear_power(Lambda, P, C, dt, L):
     """C Ā^L for the bilinear Ā of A = Λ − PP* (all N modes); returns its pair half, (Hk, N/2) complex.
     Ā = (I − hA)⁻¹(I + hA) = 2(I − hA)⁻¹ − I with h = Δ/2, and I − hA = diag(d) + h·pp* is diagonal plus rank one:
@@ -137,13 +101,13 @@ def bilinear_power(Lambda, P, C, dt, L):
     n, h = Lambda.shape[1], (dt / 2)[:, None]                                        # N/2, (Hk, 1)
     lam, p = full(Lambda), full(P)                                                   # (Hk, N) complex each
     d = 1 - h * lam                                                                  # (Hk, N), I − hΛ
-    q, r = p / d, p.conj() / d                                                       # (Hk, N): D⁻¹p and the row p*D⁻¹
+    q, r = p / d, p.conj() / d                                                       # (Hk, N): d⁻¹p and the row p*d⁻¹
     beta = 2 * h / (1 + h * (r * p).sum(-1, keepdim=True))                           # (Hk, 1)
     dA = torch.diag_embed(2 / d - 1) - beta[:, :, None] * q[:, :, None] * r[:, None, :]   # (Hk, N, N) complex
     # x' = M₁x + M₂x̄ (M₁ = dA[:n, :n], M₂ = dA[:n, n:]): Re x' = Re(M₁+M₂)·Re x − Im(M₁−M₂)·Im x, Im x' likewise
-    S, D = dA[:, :n, :n] + dA[:, :n, n:], dA[:, :n, :n] - dA[:, :n, n:]             # (Hk, N/2, N/2) each
-    dA = torch.cat([torch.cat([S.real, -D.imag], 2), torch.cat([S.imag, D.real], 2)], 1)   # (Hk, N, N) real
-    Cr = torch.cat([C.real, -C.imag], -1)[:, None]                                  # (Hk, 1, N): 2 Re(Cx) = 2 Cr·[Re x, Im x]
+    plus, minus = dA[:, :n, :n] + dA[:, :n, n:], dA[:, :n, :n] - dA[:, :n, n:]      # (Hk, N/2, N/2) each
+    dA = torch.cat([torch.cat([plus.real, -minus.imag], 2), torch.cat([plus.imag, minus.real], 2)], 1)  # (Hk, N, N)
+    Cr = torch.cat([C.real, -C.imag], -1)[:, None]                     # (Hk, 1, N): 2 Re(Cx) = 2 Cr·[Re x, Im x]
     left = L                                        # C Ā^L = Cr·(Ā^(2^j))^left: square while left is large and
     while left > 16:                                # send the odd factors into the row Cr (N² each, not N³)
         Cr, dA, left = (Cr @ dA if left % 2 else Cr), dA @ dA, left // 2              # (Hk, 1, N), (Hk, N, N)
@@ -165,8 +129,8 @@ def nplr_kernel(Lambda, P, B, C, dt, L):
     f_l = Σ_n e_n w_n^l + conjugate half = 2·Re Σ_n e_n w_n^l, e_n = a_n b_n δ_n/(1 − w_n^L): a Vandermonde product
     and an rfft (|w| < 1 as Re Λ < 0, so 1 − w^L ≠ 0). C is learned; C̃ is computed from it here, so the step uses C."""
     Ct = C - bilinear_power(Lambda, P, C, dt, L)                                     # (Hk, N/2), C̃
-    x = dt[:, None] * Lambda / 2                                                     # (Hk, N/2), ΔΛ/2
-    log_w = 2 * torch.atanh(x)                      # (Hk, N/2), log w = log((1+x)/(1−x)), accurate for small x too
+    hL = dt[:, None] * Lambda / 2                                                    # (Hk, N/2), hΛ = ΔΛ/2
+    log_w = 2 * torch.atanh(hL)                     # (Hk, N/2), log w = log((1+hΛ)/(1−hΛ)), accurate for small hΛ
     delta = 1 / ((2 / dt)[:, None] - Lambda)                                         # (Hk, N/2)
     num = torch.stack([Ct * B, Ct * P, P.conj() * B, P.conj() * P], 1)               # (Hk, 4, N/2)
     e = num * (delta / -torch.expm1(L * log_w))[:, None]                             # (Hk, 4, N/2), a·b·δ/(1 − w^L)
@@ -186,20 +150,6 @@ def diag_kernel(Lambda, B, C, dt, L):
     return vandermonde(2 * CB[:, None], dtA, L).squeeze(1)                           # (Hk, L)
 
 
-def fft_conv(u, k):
-    """Linear (not circular) convolution by FFT (S4 §2.4), both signals zero-padded to 2L.
-    u: (B, H, L). k: (H, L) causal kernel, y_t = Σ_{s≤t} k_{t−s} u_s; or (2, H, L) = (k⁰, k¹), bidirectional:
-        y_t = Σ_{s≤t} k⁰_{t−s} u_s + Σ_{s>t} k¹_{s−t−1} u_s,
-    i.e. k¹ runs on the time-reversed input shifted by one step, so u_t is counted once (by k⁰), as in S4.
-    Returns (B, H, L)."""
-    L = u.size(-1)
-    if k.dim() == 3:                                        # lag −m (m = 1..L) sits at index 2L − m of the period
-        k0, k1 = k.unbind(0)                                # (H, L) each; unbind, not k[0]: no zero-filled grads
-        k = torch.cat([k0, k1.flip(-1)], -1)                                         # (H, 2L): k⁰, then k¹ reversed
-    y = torch.fft.irfft(RFFT.apply(u, 2 * L) * RFFT.apply(k, 2 * L), n=2 * L)       # (B, H, 2L)
-    return y[..., :L]                                                                # (B, H, L)
-
-
 # ----------------------------------------------------------------------------- kernel module
 
 class S4Kernel(nn.Module):
@@ -211,7 +161,6 @@ class S4Kernel(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        assert cfg.mode in ("nplr", "diag") and cfg.diag_init in ("lin", "inv"), "mode: nplr|diag, diag_init: lin|inv"
         self.mode, self.H, N = cfg.mode, cfg.d_model, cfg.d_state
         Hk, dtype = self.H * (2 if cfg.bidirectional else 1), torch.get_default_dtype()   # float64 init, then cast
         if cfg.mode == "nplr":
@@ -233,6 +182,7 @@ class S4Kernel(nn.Module):
         P = torch.view_as_complex(self.P) if self.mode == "nplr" else None           # (Hk, N/2)
         return Lambda, P, torch.view_as_complex(self.B), torch.view_as_complex(self.C), self.log_dt.exp()
 
+    @torch.compiler.disable   # complex-valued, and its loops depend on L: eager under torch.compile (no recompiles)
     def forward(self, L):
         """Kernel K for length L: (H, L), or (2, H, L) = (forward, backward) when bidirectional; real, param dtype."""
         Lambda, P, B, C, dt = self._params()
@@ -258,102 +208,26 @@ class S4Kernel(nn.Module):
         return 2 * (C * x).sum(-1).real, x                                           # (B, H), (B, H, N/2)
 
 
-# ----------------------------------------------------------------------------- the SSM block (shared with dlr.py)
-
-def tied_dropout(x, p, training):
-    """Dropout with one mask per (batch, channel), tied along L. x: (B, L, H) -> (B, L, H)."""
-    if not training or p == 0:
-        return x
-    mask = torch.bernoulli(torch.full_like(x[:, :1], 1 - p))                         # (B, 1, H)
-    return x * mask / (1 - p)                                                        # (B, L, H)
-
-
-def norm_layer(kind, H):
-    """nn.LayerNorm(H) for "layer", nn.BatchNorm1d(H) for "batch"."""
-    assert kind in ("layer", "batch"), f"norm must be 'layer' or 'batch', got {kind!r}"
-    return nn.LayerNorm(H) if kind == "layer" else nn.BatchNorm1d(H)
-
-
-def pad_mask(lengths, L, device):
-    """(B, L) bool, True at real positions (t < lengths[b]); None when lengths is None (all real)."""
-    return None if lengths is None else torch.arange(L, device=device) < lengths.to(device)[:, None]
-
-
-def apply_norm(norm, x, mask=None):
-    """x: (B, L, H) or (B, H); mask: (B, L) bool, True = real. BatchNorm statistics use real positions only
-    (pads get 0), so padding never changes real outputs; LayerNorm acts per position anyway."""
-    if not isinstance(norm, nn.BatchNorm1d):
-        return norm(x)
-    if mask is None:
-        return norm(x.reshape(-1, x.size(-1))).view_as(x)                            # (B·L, H) -> (B, L, H)
-    y = norm(x[mask])                                                                # (real positions, H)
-    out = y.new_zeros(x.shape)                                                       # (B, L, H)
-    out[mask] = y
-    return out
-
-
-class SSMLayer(nn.Module):
-    """The S4 block (S4 §3.4), shared by S4, S4D and DLR. For u (B, L, H):
-        z = norm(u) → pads zeroed → y = K * z + D⊙z → GELU → dropout → Linear(H→2H) → GLU → dropout → u + y
-    (pre-norm, default; post-norm: the norm comes after the residual). kernel: S4Kernel or DLRKernel, any module
-    with forward(L) -> (H, L) | (2, H, L), initial_state(B) and step(z_t, x) -> (K-part of y_t, x).
-    Reads cfg.d_model, cfg.dropout, cfg.prenorm, cfg.norm."""
-
-    def __init__(self, cfg, kernel):
-        super().__init__()
-        self.kernel, self.prenorm, self.p, self.bidirectional = kernel, cfg.prenorm, cfg.dropout, cfg.bidirectional
-        self.D = nn.Parameter(torch.randn(cfg.d_model))                              # (H,), skip connection
-        self.out = nn.Linear(cfg.d_model, 2 * cfg.d_model)                           # H -> 2H, halved by the GLU
-        self.norm = norm_layer(cfg.norm, cfg.d_model)
-
-    def forward(self, u, lengths=None):
-        """u: (B, L, H) float; lengths: (B,) long or None (all real). Returns (B, L, H); real positions never
-        depend on pads (pads are zeroed before the convolution)."""
-        L = u.size(1)
-        mask = pad_mask(lengths, L, u.device)                                        # (B, L) or None
-        z = apply_norm(self.norm, u, mask) if self.prenorm else u                    # (B, L, H)
-        if mask is not None:
-            z = z * mask[..., None]                       # so a backward kernel cannot carry pads to real positions
-        with torch.autocast(u.device.type, enabled=False):                           # FFT in ≥ fp32, even under AMP
-            k = self.kernel(L)                                                       # (H, L) or (2, H, L)
-            dtype = torch.promote_types(k.dtype, torch.float32)
-            z = z.transpose(1, 2).to(dtype)                                          # (B, H, L)
-            y = fft_conv(z, k.to(dtype)) + self.D.to(dtype)[:, None] * z             # (B, H, L)
-        y = tied_dropout(F.gelu(y).transpose(1, 2), self.p, self.training)           # (B, L, H)
-        y = u + tied_dropout(F.glu(self.out(y), dim=-1), self.p, self.training)      # (B, L, 2H) -> (B, L, H)
-        return y if self.prenorm else apply_norm(self.norm, y, mask)                 # (B, L, H)
-
-    def initial_state(self, batch_size):
-        """Zero recurrent state of the kernel, e.g. (B, H, N/2) complex. Unidirectional layers only."""
-        assert not self.bidirectional, "a bidirectional layer has no recurrent view"
-        return self.kernel.initial_state(batch_size)
-
-    def step(self, u_t, state):
-        """The whole block for one position, in eval mode: u_t (B, H) -> (y_t (B, H), state). Feeding u_0, u_1, ...
-        from initial_state gives forward(u)[:, t] (eval mode; BatchNorm uses its running statistics)."""
-        z = apply_norm(self.norm, u_t) if self.prenorm else u_t                      # (B, H)
-        y, state = self.kernel.step(z, state)                                        # (B, H)
-        y = u_t + F.glu(self.out(F.gelu(y + self.D * z)), dim=-1)                    # (B, 2H) -> (B, H)
-        return (y if self.prenorm else apply_norm(self.norm, y)), state
-
-
 # ----------------------------------------------------------------------------- backbone
 
 class S4(nn.Module):
-    """S4 backbone: encoder → n_layers × SSMLayer → final norm. forward(x, lengths=None) -> (B, L, D) features.
-    x: (B, L) long tokens when cfg.vocab_size is set, else (B, L, d_input) float; lengths: (B,) long or None.
-    With post-norm the last block's norm is the final norm. No head (train.py owns heads)."""
+    """S4 backbone: encoder → n_layers × SSMLayer(S4Kernel) → final norm; no head (train.py owns the heads).
+    forward(inputs, lengths=None) -> (B, L, H) features, float. inputs: (B, L) long tokens when cfg.vocab_size is
+    set, else (B, L, d_input) float. lengths: (B,) long; None means no padding: train.py passes None for a batch
+    without pads (it knows that on the host; finding it out here would make the host wait for the device).
+    Raises ValueError when lengths is not of shape (B,). With post-norm the last block's norm is the final norm."""
 
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        D = cfg.d_model
-        self.encoder = nn.Embedding(cfg.vocab_size, D, padding_idx=0) if cfg.vocab_size else nn.Linear(cfg.d_input, D)
+        H = cfg.d_model
+        self.encoder = nn.Embedding(cfg.vocab_size, H, padding_idx=0) if cfg.vocab_size else nn.Linear(cfg.d_input, H)
         self.layers = nn.ModuleList(SSMLayer(cfg, S4Kernel(cfg)) for _ in range(cfg.n_layers))
-        self.norm = norm_layer(cfg.norm, D) if cfg.prenorm else nn.Identity()        # post-norm blocks end normed
+        self.norm = norm_layer(cfg.norm, H) if cfg.prenorm else nn.Identity()        # post-norm blocks end normed
 
-    def forward(self, x, lengths=None):
-        h = self.encoder(x)                                               # (B, L) | (B, L, d_input) -> (B, L, D)
+    def forward(self, inputs, lengths=None):
+        check_lengths(lengths, inputs.size(0))
+        u = self.encoder(inputs)                                          # (B, L) | (B, L, d_input) -> (B, L, H)
         for layer in self.layers:
-            h = layer(h, lengths)                                                    # (B, L, D)
-        return apply_norm(self.norm, h, pad_mask(lengths, h.size(1), h.device))      # (B, L, D)
+            u = layer(u, lengths)                                                    # (B, L, H)
+        return apply_norm(self.norm, u, pad_mask(lengths, u.size(1), u.device))      # (B, L, H)

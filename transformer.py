@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SSM_PARAMS = set()  # no SSM parameters here; train.py treats all three models alike (CONTRACT.md)
+SSM_PARAMS = set()  # no SSM parameters here; the name exists so that train.py treats all three models alike
 
 
 @dataclass
@@ -26,6 +26,33 @@ class TransformerConfig:
     local_min_len: int = 16384         # block-local attention when the batch length L ≥ this (PathX, -256)
     vocab_size: Optional[int] = None   # V: tokens (B, L) -> Embedding(V, D, padding_idx=0); None: float inputs
     d_input: int = 1                   # floats (B, L, d_input) -> Linear(d_input, D)
+
+    def __post_init__(self):
+        """ValueError, one line naming the field, for a config no Transformer can be built from."""
+        require(self.d_model >= 1, f"d_model={self.d_model} must be >= 1")
+        require(self.n_layers >= 1, f"n_layers={self.n_layers} must be >= 1")
+        require(self.n_heads >= 1, f"n_heads={self.n_heads} must be >= 1")
+        require(self.d_model % self.n_heads == 0, f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        require(self.d_model // self.n_heads % 2 == 0, f"head size d_model/n_heads={self.d_model // self.n_heads} "
+                "must be even (rotary rotates pairs of channels)")
+        require(self.d_ff >= 1, f"d_ff={self.d_ff} must be >= 1")
+        require(0 <= self.dropout < 1, f"dropout={self.dropout} must be in [0, 1)")
+        require(self.block_size >= 1, f"block_size={self.block_size} must be >= 1")
+        require(self.vocab_size is None or self.vocab_size >= 1, f"vocab_size={self.vocab_size} must be None or >= 1")
+        require(self.d_input >= 1, f"d_input={self.d_input} must be >= 1")
+
+
+def require(ok, message):
+    """Raise ValueError(message) unless ok: one line naming the field, its value and the rule (train.py prints it)."""
+    if not ok:
+        raise ValueError(message)
+
+
+def check_lengths(lengths, batch_size):
+    """lengths must be None (no padding) or of shape (B,): a host-side shape check, it never waits for the device.
+    Raises ValueError, instead of letting a (B, 1) or (1,) tensor broadcast into a wrong mask."""
+    if lengths is not None and tuple(lengths.shape) != (batch_size,):
+        raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected (B,) = ({batch_size},)")
 
 
 def rotary_angles(L, hs, device=None, base=10000.0):
@@ -88,16 +115,62 @@ def block_local_attention(q, k, v, block_size, lengths=None, causal=False, dropo
     """Block-local attention for long inputs (the paper's PathX setting): cut the sequence into non-overlapping blocks
     of W = block_size; the queries of block i attend to the keys of blocks i−1, i, i+1 (causal: i−1 and i, causally).
 
-    q, k, v: (B, nh, L, hs) float; lengths: (B,) long or None. Returns (B, nh, L, hs). Equals full attention under
-    the block-band mask |i − j| ≤ 1 (tests/test_transformer.py). No (L, L) mask or score matrix: each block's
-    window of keys is cut out of the keys, zero-padded by W on the left and up to whole blocks on the right
-    (the padding is masked), and SDPA runs on the batch of B·nb blocks (causal: block 0 apart), O(L·W) memory.
+    q, k, v: (B, nh, L, hs) float; lengths: (B,) long or None (no padding). Returns (B, nh, L, hs). Equals full
+    attention under the block-band mask |i − j| ≤ 1 (tests/test_transformer.py), in O(L·W) memory. An unpadded batch
+    and every causal one (as in attention(), the causal mask alone keeps real queries off pads) need no mask at all,
+    so a GPU can run its fused kernels; a padded bidirectional batch masks its key windows.
+    """
+    if lengths is None or causal:
+        return unmasked_local_attention(q, k, v, block_size, causal, dropout_p)     # (B, nh, L, hs)
+    return padded_local_attention(q, k, v, block_size, lengths, dropout_p)           # (B, nh, L, hs)
+
+
+def unmasked_local_attention(q, k, v, W, causal, dropout_p):
+    """Block-local attention with no mask: block i's window, blocks i−1 .. i+1 (causal: i−1, i), is cut to the keys
+    that exist, so nothing needs masking. The blocks whose window is whole run as one batched SDPA call; the first
+    block and the last one or two, whose windows the sequence ends cut short, run one call each.
+    Causal: the window (block i−1, block i) runs as one causal sequence of 2W (is_causal=True), of which block i's
+    half is kept: query W + r sees keys 0 .. W + r, exactly its band. The first half's queries are computed and
+    dropped, a quarter of the causal scores, the price of having no mask. q, k, v: (B, nh, L, hs) -> (B, nh, L, hs).
     """
     B, nh, L, hs = q.shape
-    W = block_size
-    nb = -(-L // W)                                                               # number of blocks, ⌈L/W⌉
     n_win = 2 if causal else 3                                                    # blocks per key window
-    lengths = torch.full((B,), L, device=q.device) if lengths is None else lengths
+    nb, n_inner = -(-L // W), max(0, L // W - n_win + 1)          # ⌈L/W⌉ blocks; blocks 1..n_inner: whole windows
+
+    def window(t, i):  # block i's window, cut to [0, L): (B, nh, ≤ n_win·W, hs)
+        return t[:, :, max(0, (i - 1) * W) : min((i + n_win - 1) * W, L)]
+
+    def edge_block(i):  # block i in a call of its own: (B, nh, ≤ W, hs)
+        n_q = min(W, L - i * W)                                                   # block i's queries
+        if causal:                                                                # block i ends its window
+            y = F.scaled_dot_product_attention(window(q, i), window(k, i), window(v, i), dropout_p=dropout_p,
+                                               is_causal=True)                   # (B, nh, ≤ 2W, hs)
+            return y[:, :, -n_q:]                                                 # (B, nh, n_q, hs)
+        qi = q[:, :, i * W : i * W + n_q]                                         # (B, nh, n_q, hs)
+        return F.scaled_dot_product_attention(qi, window(k, i), window(v, i), dropout_p=dropout_p)  # (B, nh, n_q, hs)
+
+    ys = [edge_block(0)]
+    if n_inner > 0:  # window i = keys [(i−1)W, (i−1+n_win)W), i = 1..n_inner: n_win·W-long slices, W apart
+        span = (n_inner + n_win - 1) * W                                          # the keys of all inner windows
+        kw, vw = (t[:, :, :span].unfold(2, n_win * W, W).transpose(-1, -2).flatten(1, 2)
+                  for t in (k, v))                                                # (B, nh·n_inner, n_win·W, hs)
+        if causal:
+            qw = q[:, :, :span].unfold(2, 2 * W, W).transpose(-1, -2).flatten(1, 2)  # (B, nh·n_inner, 2W, hs)
+        else:
+            qw = q[:, :, W : (n_inner + 1) * W].reshape(B, nh * n_inner, W, hs)   # (B, nh·n_inner, W, hs)
+        y = F.scaled_dot_product_attention(qw, kw, vw, dropout_p=dropout_p, is_causal=causal)  # (.., 2W or W, hs)
+        ys.append(y[:, :, -W:].reshape(B, nh, n_inner * W, hs))                   # (B, nh, n_inner·W, hs)
+    ys += [edge_block(i) for i in range(n_inner + 1, nb)]                         # (B, nh, ≤ W, hs) each
+    return torch.cat(ys, 2)                                                       # (B, nh, L, hs)
+
+
+def padded_local_attention(q, k, v, W, lengths, dropout_p):
+    """Block-local attention of a padded bidirectional batch: each block's window of 3W keys is cut out of the keys,
+    zero-padded by W on the left and up to whole blocks on the right; key_mask hides that zero padding and the pads
+    of each sequence, and SDPA runs on the batch of B·nb blocks. q, k, v: (B, nh, L, hs); lengths: (B,) long.
+    Returns (B, nh, L, hs)."""
+    B, nh, L, hs = q.shape
+    nb = -(-L // W)                                                               # number of blocks, ⌈L/W⌉
 
     def blocks(t, left, n):  # (B, nh, L, hs) -> (B·nb, nh, n·W, hs): window i = padded blocks i..i+n−1
         t = F.pad(t, (0, 0, left, (nb + n - 1) * W - left - L))                  # (B, nh, (nb+n−1)·W, hs)
@@ -105,24 +178,11 @@ def block_local_attention(q, k, v, block_size, lengths=None, causal=False, dropo
         return t.transpose(1, 2).reshape(B * nb, nh, n * W, hs)                   # (B·nb, nh, n·W, hs)
 
     qb = blocks(q, 0, 1)                                                          # (B·nb, nh, W, hs)
-    kw, vw = blocks(k, W, n_win), blocks(v, W, n_win)                             # (B·nb, nh, n_win·W, hs) each
-    if not causal:
-        start = (torch.arange(nb, device=q.device)[:, None] - 1) * W              # (nb, 1): window i starts at (i−1)W
-        pos = start + torch.arange(3 * W, device=q.device)                        # (nb, 3W) key positions
-        mask = key_mask(pos, lengths, L).view(B * nb, 1, 1, 3 * W)                # (B·nb, 1, 1, 3W)
-        y = F.scaled_dot_product_attention(qb, kw, vw, attn_mask=mask, dropout_p=dropout_p)  # (B·nb, nh, W, hs)
-    else:
-        # query r of block i (position iW + r) sees window key j (position (i−1)W + j) iff j ≤ r + W. As in
-        # attention(), the causal mask alone keeps real queries off pads. Block 0 has no previous block (its first
-        # W window keys are zero padding), so it runs on its own block with a plain causal mask.
-        band = torch.ones(W, 2 * W, dtype=torch.bool, device=q.device).tril(W)   # (W, 2W)
-        qb, kw, vw = (t.view(B, nb, nh, -1, hs) for t in (qb, kw, vw))           # (B, nb, nh, W or 2W, hs)
-        first = F.scaled_dot_product_attention(qb[:, 0], kw[:, 0, :, W:], vw[:, 0, :, W:],
-                                               dropout_p=dropout_p, is_causal=True)  # (B, nh, W, hs)
-        rest = F.scaled_dot_product_attention(qb[:, 1:].flatten(0, 1), kw[:, 1:].flatten(0, 1),
-                                              vw[:, 1:].flatten(0, 1), attn_mask=band,
-                                              dropout_p=dropout_p)               # (B·(nb−1), nh, W, hs)
-        y = torch.cat((first[:, None], rest.view(B, nb - 1, nh, W, hs)), 1)      # (B, nb, nh, W, hs)
+    kw, vw = blocks(k, W, 3), blocks(v, W, 3)                                     # (B·nb, nh, 3W, hs) each
+    start = (torch.arange(nb, device=q.device)[:, None] - 1) * W                  # (nb, 1): window i starts at (i−1)W
+    pos = start + torch.arange(3 * W, device=q.device)                            # (nb, 3W) key positions
+    mask = key_mask(pos, lengths, L).view(B * nb, 1, 1, 3 * W)                    # (B·nb, 1, 1, 3W)
+    y = F.scaled_dot_product_attention(qb, kw, vw, attn_mask=mask, dropout_p=dropout_p)  # (B·nb, nh, W, hs)
     y = y.view(B, nb, nh, W, hs).transpose(1, 2).reshape(B, nh, nb * W, hs)       # (B, nh, nb·W, hs)
     return y[:, :, :L]                                                            # (B, nh, L, hs)
 
@@ -136,7 +196,6 @@ class TransformerLayer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        assert cfg.d_model % (2 * cfg.n_heads) == 0, "need an even head size hs = d_model / n_heads (rotary pairs)"
         self.cfg = cfg
         self.norm1, self.norm2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
@@ -164,11 +223,13 @@ class TransformerLayer(nn.Module):
 class Transformer(nn.Module):
     """Backbone: encoder -> (+ sinusoidal PE) -> dropout -> n_layers × TransformerLayer -> final LayerNorm.
 
-    forward(x, lengths=None) -> (B, L, D) float features (no head; train.py owns the heads).
-    x: (B, L) long tokens when cfg.vocab_size is set, else (B, L, d_input) float. lengths: (B,) long or None;
-    positions ≥ lengths[b] are padding and do not change the features at real positions. Whether attention is
-    block-local depends on the padded batch length L, so that guarantee needs a lone sequence and its padded batch
-    on the same side of local_min_len; in LRA every task that long (PathX, PathX-256) has fixed length.
+    forward(inputs, lengths=None) -> (B, L, D) float features (no head; train.py owns the heads).
+    inputs: (B, L) long tokens when cfg.vocab_size is set, else (B, L, d_input) float. lengths: (B,) long; None means
+    no padding: train.py passes None for a batch without pads (it knows that on the host; finding it out here would
+    make the host wait for the device), and then no attention call gets a mask. Raises ValueError when lengths is
+    not of shape (B,). Positions ≥ lengths[b] are padding and do not change the features at real positions. Whether
+    attention is block-local depends on the padded batch length L, so that guarantee needs a lone sequence and its
+    padded batch on the same side of local_min_len; in LRA every task that long (PathX, PathX-256) has fixed length.
     """
 
     def __init__(self, cfg: TransformerConfig):
@@ -182,12 +243,11 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
 
-    def forward(self, x, lengths=None):
+    def forward(self, inputs, lengths=None):
         cfg = self.cfg
-        h = self.encoder(x)                                                       # (B, L, D)
+        check_lengths(lengths, inputs.size(0))
+        h = self.encoder(inputs)                                                  # (B, L, D)
         L = h.size(1)
-        if lengths is not None and bool((lengths >= L).all()):
-            lengths = None                                                        # nothing padded: no mask, flash kernel
         angles = rotary_angles(L, cfg.d_model // cfg.n_heads, h.device) if cfg.rotary else None  # (L, hs/2)
         if not cfg.rotary:
             h = h + sinusoidal_embedding(L, cfg.d_model, h.device).to(h.dtype)  # (B, L, D)

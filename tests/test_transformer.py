@@ -1,4 +1,6 @@
 """Facts about transformer.py: shapes, causality, padding invariance, rotary relativity, block-local attention."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,14 +24,20 @@ def test_tokens_and_floats_map_to_B_L_D_features():
     assert SSM_PARAMS == set(), "the Transformer has no SSM parameter group"
 
 
+@pytest.mark.parametrize("training", [False, True])
 @pytest.mark.parametrize("local_min_len", [NEVER_LOCAL, ALWAYS_LOCAL])
-def test_causal_model_does_not_see_the_future(local_min_len):
+def test_causal_model_does_not_see_the_future(local_min_len, training):
+    # training: dropout on (embeddings, attention weights, residuals), each run from the same seed: the same masks
     torch.manual_seed(0)
-    model = Transformer(small(d_input=3, causal=True, block_size=4, local_min_len=local_min_len)).double().eval()
+    model = Transformer(small(d_input=3, causal=True, block_size=4, local_min_len=local_min_len, dropout=0.1)).double()
+    model.train(training)
     x = torch.randn(2, 15, 3, dtype=torch.float64)                 # (B, L, d_input), L not a multiple of 4
     x_new = x.clone()
     x_new[:, 9:] = torch.randn(2, 6, 3, dtype=torch.float64)       # change the inputs after t0 = 8
-    y, y_new = model(x), model(x_new)
+    torch.manual_seed(1)
+    y = model(x)
+    torch.manual_seed(1)
+    y_new = model(x_new)
     torch.testing.assert_close(y[:, :9], y_new[:, :9], msg="outputs at t <= t0 changed when inputs after t0 did")
     assert not torch.allclose(y[:, 9:], y_new[:, 9:]), "outputs after t0 ignore their own inputs"
 
@@ -96,17 +104,91 @@ def block_band_mask(L, W, lengths, causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("lengths", [[14, 14], [14, 3]])
-def test_block_local_equals_full_attention_with_block_band_mask(causal, lengths):
+@pytest.mark.parametrize("padding", ["none", "full", "padded"])   # lengths None, all L, or the second row short
+@pytest.mark.parametrize("L", [3, 4, 6, 8, 14, 16, 20])          # W = 4: 1, 2 and 3+ blocks, whole or not
+def test_block_local_equals_full_attention_with_block_band_mask(causal, padding, L):
     torch.manual_seed(0)
-    q, k, v = torch.randn(3, 2, 2, 14, 4, dtype=torch.float64)    # (B, nh, L, hs) each; L = 14 is 3.5 blocks of 4
-    lengths = torch.tensor(lengths)
+    q, k, v = torch.randn(3, 2, 2, L, 4, dtype=torch.float64)     # (B, nh, L, hs) each
+    lengths = {"none": None, "full": torch.tensor([L, L]), "padded": torch.tensor([L, min(3, L - 1)])}[padding]
     local = block_local_attention(q, k, v, 4, lengths, causal)     # (B, nh, L, hs)
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=block_band_mask(14, 4, lengths, causal))
+    real = torch.tensor([L, L]) if lengths is None else lengths
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=block_band_mask(L, 4, real, causal))
     full = attention(q, k, v, lengths, causal)
-    for b, n in enumerate(lengths.tolist()):                       # pad queries may differ; real ones may not
+    assert local.shape == q.shape
+    for b, n in enumerate(real.tolist()):                          # pad queries may differ; real ones may not
         torch.testing.assert_close(local[b, :, :n], ref[b, :, :n], msg="block-local != band-masked full attention")
-    assert not torch.allclose(local[0], full[0]), "the band should hide far blocks (else this test proves nothing)"
+    if L > 2 * 4:                                                  # 3+ blocks: some key lies outside every band
+        assert not torch.allclose(local[0], full[0]), "the band should hide far blocks (else this test proves nothing)"
+
+
+@pytest.mark.parametrize("causal,padded", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("local_min_len", [NEVER_LOCAL, ALWAYS_LOCAL])
+def test_attention_gets_no_mask_without_padding_or_when_causal(causal, padded, local_min_len, monkeypatch):
+    # attn_mask=None lets a GPU run the fused (flash / memory-efficient) kernels. Causal needs no padding mask.
+    masks, sdpa = [], F.scaled_dot_product_attention
+    def spy(q, k, v, attn_mask=None, *args, **kwargs):
+        masks.append(attn_mask)
+        return sdpa(q, k, v, attn_mask, *args, **kwargs)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    torch.manual_seed(0)
+    model = Transformer(small(vocab_size=10, causal=causal, block_size=4, local_min_len=local_min_len))
+    model(torch.randint(1, 10, (2, 14)), torch.tensor([14, 5]) if padded else None)   # L = 14: 3.5 blocks of 4
+    assert masks and all(m is None for m in masks), f"{sum(m is not None for m in masks)} of {len(masks)} calls masked"
+
+
+@pytest.mark.parametrize("local_min_len", [NEVER_LOCAL, ALWAYS_LOCAL])
+@pytest.mark.parametrize("padded", [False, True])
+def test_forward_traces_as_one_graph_so_it_never_waits_for_the_device(local_min_len, padded):
+    # .item(), bool(tensor), .tolist() and branches on tensor values break a fullgraph trace; those are what make
+    # the host wait for the device. The "eager" backend only traces (no compiler), so this stays fast.
+    torch._dynamo.reset()
+    model = Transformer(small(vocab_size=10, block_size=4, local_min_len=local_min_len))
+    lengths = torch.tensor([14, 5]) if padded else None
+    torch.compile(model, backend="eager", fullgraph=True)(torch.randint(1, 10, (2, 14)), lengths)
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([[9], [5]]), torch.tensor([9]), torch.tensor(9)])
+def test_lengths_not_of_shape_B_raise_value_error(bad):
+    model = Transformer(small(vocab_size=10))
+    with pytest.raises(ValueError, match=r"lengths has shape .*expected \(B,\) = \(2,\)"):
+        model(torch.randint(1, 10, (2, 9)), bad)
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(d_model=0), "d_model=0 must be >= 1"),
+    (dict(n_layers=0), "n_layers=0 must be >= 1"),
+    (dict(n_heads=0), "n_heads=0 must be >= 1"),
+    (dict(d_model=16, n_heads=3), "d_model=16 must be divisible by n_heads=3"),
+    (dict(d_model=12, n_heads=4), r"head size d_model/n_heads=3 must be even \(rotary rotates pairs of channels\)"),
+    (dict(d_ff=0), "d_ff=0 must be >= 1"),
+    (dict(dropout=1.0), r"dropout=1.0 must be in \[0, 1\)"),
+    (dict(block_size=0), "block_size=0 must be >= 1"),
+    (dict(vocab_size=0), "vocab_size=0 must be None or >= 1"),
+    (dict(d_input=0), "d_input=0 must be >= 1"),
+])
+def test_config_refuses_bad_fields_with_a_one_line_value_error(fields, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        TransformerConfig(**fields)
+
+
+def test_compiled_training_step_equals_eager():
+    # The real inductor backend on CPU, one AdamW step on a fixed random readout of the features.
+    def training_step(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loss = (model(x) * target).sum()                           # not y², which the final norm makes ~flat
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    torch.manual_seed(0)
+    eager = Transformer(small(d_input=2, n_layers=1))
+    compiled = copy.deepcopy(eager)
+    x, target = torch.randn(2, 32, 2), torch.randn(2, 32, 16)      # (B, L, d_input), (B, L, D)
+    torch._dynamo.reset()
+    loss = training_step(torch.compile(compiled))
+    torch.testing.assert_close(loss, training_step(eager), rtol=1e-4, atol=1e-4, msg="compiled loss != eager loss")
+    for (name, a), b in zip(compiled.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"{name} after one compiled AdamW step")
 
 
 def test_sinusoidal_option_encodes_absolute_position():
