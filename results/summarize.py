@@ -1,13 +1,16 @@
 """summarize.py: rebuild results/summary.md and the plots from the run folders that train.py wrote.
 Each run folder holds config.json (settings, command, commit), log.jsonl (one record per evaluation), log.txt and
-results.json (test accuracy of the best-validation checkpoint); S4/DLR folders may hold kernels.json (results/kernels.py).
-Runs are grouped into cells: task x setting x training examples x model x TFS/SPT; a cell's seeds give mean ± std
-(sample std, ddof 1). "Optimisation speed" (paper Fig. 5) is the first fine-tuning step at which validation accuracy
-exceeds chance (1 / classes) + 5 points ("never" if it does not within the budget), read at the run's evaluations
-(every --eval-every epochs), so its resolution is the spacing of those.
-Plots: val accuracy over fine-tuning steps (per task, setting and training-set size), test accuracy against the number
-of training examples (where a cell was run at several sizes), and the kernel picture (paper Fig. 4) from kernels.json.
-    python results/summarize.py                                   # results/study -> results/summary.md + results/*.png
+results.json (test accuracy of the best-validation checkpoint); S4/DLR folders may hold kernels.json (kernels.py).
+Each --runs folder is a study: its runs are grouped into cells (task x setting x training examples x model x TFS/SPT
+variant), and runs of different studies never share a cell. A cell's seeds give mean ± std (sample std, ddof 1).
+"Optimisation speed" (the paper, Fig. 5) is the first fine-tuning step at which validation accuracy exceeds chance
+(1 / classes) + 5 points ("never" if it does not within the budget), read at the run's evaluations (every
+--eval-every epochs), so its resolution is the spacing of those.
+A study gets the at-a-glance and every-cell tables and plots of val accuracy over fine-tuning steps, of test accuracy
+against the number of training examples and of the kernels (the paper, Fig. 4, from kernels.json). A study whose runs
+compare SPT objectives (train.py --objective) or split one step budget between SPT and fine-tuning (as in the paper,
+Table 8) gets those tables and plots instead of the glance table and the curves (results/objectives.sh).
+    python results/summarize.py                     # results/study + results/objectives -> results/summary.md, *.png
     python results/summarize.py --runs results/explore --out results/explore --title "Exploratory runs"
 The output depends only on the run folders (sorted, no dates), so running it twice gives identical files; summary.md
 is the same whether or not matplotlib (optional, for the plots) is installed.
@@ -20,7 +23,11 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
-MARGIN = 0.05  # "left chance": val accuracy > chance + 5 points
+MARGIN = 0.05                                     # "left chance": val accuracy > chance + 5 points
+STUDIES = ("study", "objectives")                 # default --runs: results/<name>, each skipped while it is missing
+MODELS = ("transformer", "s4", "dlr")             # row and panel order
+OBJECTIVES = ("masked", "span", "causal", "rtd")  # train.py --objective, in column order
+COLORS = {"TFS": "tab:blue", "masked": "tab:red", "span": "tab:orange", "causal": "tab:purple", "rtd": "tab:green"}
 
 
 def read_run(folder):
@@ -34,32 +41,51 @@ def read_run(folder):
     chance = 1 / config["head"]["n_classes"]
     curve = [(r["step"], r["val_acc"]) for r in records if r.get("phase") == "finetune"]  # [(step, val acc)]
     spt_records = [r for r in records if r.get("phase") == "spt"]
-    n_train = results.get("n_train") or n_train_from_log(folder)
+    kind = "SPT" if a["spt"] and spt_records else "init" if a.get("init_from") else "TFS"
+    recipe = f"{objective_label(a)}, lr {a['pretrain_lr']:g}" if kind == "SPT" else ""  # SPT label minus steps
+    spt = dict(SPT=f"SPT ({spt_records[-1]['step'] if spt_records else 0} steps, {recipe})", TFS="TFS",
+               init=f"from {Path(a['init_from'] or '').name}")[kind]
     # the setting leaves out the training-set size (its own column) and the epochs (the step budget says it all)
+    steps = f"{curve[-1][0]} steps" if curve else None
     setting = [f"{a['difficulty']}" if a["task"].startswith("path") else None,
-               f"L ≤ {a['max_len']}" if a.get("max_len") else None,
-               f"D{c['d_model']}x{c['n_layers']}", "causal" if a.get("causal") else None, f"lr {a['lr']:g}", f"batch {a['batch_size']}",
-               f"{curve[-1][0]} steps" if curve else None, f"val/test {a['max_eval'] or 'all'}"]
-    objective = f"mask {a['mask_ratio']:g}" if a.get("objective", "masked") == "masked" else a["objective"]
-    spt = (f"SPT ({spt_records[-1]['step']} steps, {objective}, lr {a['pretrain_lr']:g})" if a["spt"] and spt_records
-           else f"from {Path(a['init_from']).name}" if a.get("init_from") else "TFS")
+               f"L ≤ {a['max_len']}" if a.get("max_len") else None, f"D{c['d_model']}x{c['n_layers']}",
+               "causal" if a.get("causal") else None, f"lr {a['lr']:g}", f"batch {a['batch_size']}", steps,
+               f"val/test {a['max_eval'] or 'all'}"]
     kernels = json.loads((folder / "kernels.json").read_text()) if (folder / "kernels.json").is_file() else None
     # model-specific knobs go with the model's name, so the models of one setting share its plots
     model = config["model_name"] + (f" (N{c['d_state']}, ssm lr {c['ssm_lr']:g})" if "d_state" in c else "")
-    return dict(name=folder.name, model=model, task=config["task"], seed=a["seed"], spt=spt,
-                setting=" · ".join(s for s in setting if s), n_train=n_train, chance=chance, curve=curve,
+    return dict(name=folder.name, model=model, task=config["task"], seed=a["seed"],
+                spt=spt, kind=kind, objective=a.get("objective", "masked") if kind == "SPT" else kind, recipe=recipe,
+                setting=" · ".join(s for s in setting if s), base=" · ".join(s for s in setting if s and s != steps),
+                spt_steps=spt_records[-1]["step"] if spt_records else 0, ft_steps=curve[-1][0] if curve else 0,
+                n_train=results.get("n_train") or n_train_from_log(folder), chance=chance, curve=curve,
                 test=results["test_acc"], best_val=results["best_val_acc"], params=results["params"],
-                seconds=results["wall_time_s"]["total"], git=config.get("git", "?"), torch=config.get("torch", "?"),
-                device=config.get("device", "?"), command="python " + " ".join(config.get("command", [])),
+                seconds=results["wall_time_s"]["total"], spt_seconds=results["wall_time_s"].get("spt", 0),
+                git=config.get("git", "?"), torch=config.get("torch", "?"), device=config.get("device", "?"),
+                command="python " + " ".join(config.get("command", [])), kernels=kernels,
                 spt_loss=(spt_records[0]["val_loss"], spt_records[-1]["val_loss"]) if spt_records else None,
-                speed=next((step for step, acc in curve if acc > chance + MARGIN), None), kernels=kernels)
+                spt_best=min(r["val_loss"] for r in spt_records) if spt_records else None,
+                speed=next((step for step, acc in curve if acc > chance + MARGIN), None))
+
+
+def objective_label(a):
+    """An SPT objective and its knobs as config.json's args give them (the study's masked runs: 'mask 0.15')."""
+    objective, ratio = a.get("objective", "masked"), f"mask {a['mask_ratio']:g}"
+    if objective == "span":
+        return f"span, {ratio}, mean {a['span_mean']:g}"
+    if objective == "rtd":
+        return (f"rtd, {ratio}, generator D{a['gen_width']}x{a['gen_layers']}, λ {a['rtd_weight']:g}"
+                + (", GDES" if a["gdes"] else ""))
+    return ratio if objective == "masked" else objective
 
 
 def n_train_from_log(folder):
     """Training examples of a run whose results.json predates its "n_train" entry: log.txt's "data: ..." line."""
-    found = re.search(r"\| train ([\d,]+) /", (folder / "log.txt").read_text()) if (folder / "log.txt").is_file() else None
+    log = (folder / "log.txt").read_text() if (folder / "log.txt").is_file() else ""
+    found = re.search(r"\| train ([\d,]+) /", log)
     if not found:
-        raise SystemExit(f"summarize.py: {folder}: no n_train in results.json and no 'data: ... | train N /' line in log.txt")
+        raise SystemExit(f"summarize.py: {folder}: no n_train in results.json and no 'data: ... | train N /' line "
+                         "in log.txt")
     return int(found.group(1).replace(",", ""))
 
 
@@ -71,9 +97,15 @@ def mean_std(values, scale=100, digits=1):
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
+def model_order(model):
+    """Sort key: the Transformer, S4, DLR (MODELS), then any other model, by name."""
+    name = model.split()[0]
+    return (MODELS.index(name) if name in MODELS else len(MODELS), model)
+
+
 def cells_of(runs):
-    """{(task, setting, n_train, model, spt): [runs sorted by seed]}, keys sorted (largest training set first, TFS
-    before SPT)."""
+    """{(task, setting, n_train, model, spt): [runs sorted by seed]} of one study, keys sorted (largest training set
+    first, TFS before SPT)."""
     cells = defaultdict(list)
     for r in runs:
         cells[(r["task"], r["setting"], r["n_train"], r["model"], r["spt"])].append(r)
@@ -81,19 +113,19 @@ def cells_of(runs):
     return {k: sorted(cells[k], key=lambda r: (r["seed"], r["name"])) for k in order}
 
 
-# The paper's test accuracies (%, spec §4; Transformer TFS is the LRA paper's) for the tasks of the study. The paper
-# gives DLR only as an average over tasks (≈77 TFS / 83.4 SPT), so its cells are "–".
-PAPER = {"listops": {("transformer", "TFS"): 36.37, ("transformer", "SPT"): 61.49, ("s4", "TFS"): 59.60, ("s4", "SPT"): 61.25},
-         "text": {("transformer", "TFS"): 64.27, ("transformer", "SPT"): 91.02, ("s4", "TFS"): 86.82, ("s4", "SPT"): 90.34},
-         "pathfinder": {("transformer", "TFS"): 71.40, ("transformer", "SPT"): 94.16, ("s4", "TFS"): 94.20, ("s4", "SPT"): 94.92}}
-GLANCE_COLUMNS = [(m, k) for m in ("transformer", "s4", "dlr") for k in ("TFS", "SPT")]
+GLANCE_COLUMNS = [(m, k) for m in MODELS for k in ("TFS", "SPT")]
+# The paper's test accuracies (%, README's table of them; Transformer TFS is the LRA paper's) for the tasks of the
+# study, Transformer and S4 TFS / SPT. The paper gives DLR only as an average over tasks (≈77 TFS / 83.4 SPT): "–".
+PAPER = {task: dict(zip(GLANCE_COLUMNS, accs)) for task, accs in {
+    "listops": (36.37, 61.49, 59.60, 61.25), "text": (64.27, 91.02, 86.82, 90.34),
+    "pathfinder": (71.40, 94.16, 94.20, 94.92)}.items()}
 
 
 def glance(cells):
     """The compact table: a row per (task, setting, training examples) with test accuracy mean ± std (seeds) per model
     and TFS/SPT, each task followed by the paper's row. Where a group has several SPT variants (length, mask ratio),
     the one most models ran is in the main row and each other variant gets a row of its own. -> lines of markdown."""
-    groups = defaultdict(lambda: defaultdict(dict))       # (task, setting, n) -> SPT label -> (model, "TFS"/"SPT") -> text
+    groups = defaultdict(lambda: defaultdict(dict))       # (task, setting, n) -> SPT label -> (model, TFS/SPT) -> text
     for (task, setting, n_train, model, spt), rs in cells.items():
         kind = "TFS" if spt == "TFS" else "SPT"
         groups[(task, setting, n_train)][spt if kind == "SPT" else ""][(model.split()[0], kind)] = \
@@ -112,24 +144,103 @@ def glance(cells):
     return rows
 
 
+def paired_gains(rs, tfs):
+    """SPT − TFS per seed in points, 'a / b / c', for the runs rs whose seed has a TFS run ({seed: test acc})."""
+    return " / ".join(f"{(r['test'] - tfs[r['seed']]) * 100:+.1f}" for r in rs if r["seed"] in tfs)
+
+
 def table(cells):
     """Every cell: one row per (task, setting, training examples, model, TFS/SPT variant). SPT rows also give
     SPT − TFS per seed: both runs of a seed share the initialisation and the batch order (train.py --seed)."""
     rows = ["| model | task | setting | train examples | SPT | seeds | test acc % | SPT − TFS per seed (points) | "
-            "best val acc % | first step > chance + 5 (per seed) | SPT val loss first → last | params | wall time / run "
-            "| git | hardware + torch |", "|---" * 15 + "|"]
+            "best val acc % | first step > chance + 5 (per seed) | SPT val loss first → last | params | "
+            "wall time / run | git | hardware + torch |", "|---" * 15 + "|"]
     for (task, setting, n_train, model, spt), rs in cells.items():
         tfs = {r["seed"]: r["test"] for r in cells.get((task, setting, n_train, model, "TFS"), [])}
-        gain = " / ".join(f"{(r['test'] - tfs[r['seed']]) * 100:+.1f}" for r in rs if r["seed"] in tfs) \
-            if spt != "TFS" else ""
+        gain = paired_gains(rs, tfs) if spt != "TFS" else ""
         speed = " / ".join(str(r["speed"]) if r["speed"] is not None else "never" for r in rs)
-        spt_loss = " / ".join(f"{r['spt_loss'][0]:.3f} → {r['spt_loss'][1]:.3f}" for r in rs) if rs[0]["spt_loss"] else "—"
+        spt_loss = " / ".join(f"{r['spt_loss'][0]:.3f} → {r['spt_loss'][1]:.3f}" for r in rs) \
+            if rs[0]["spt_loss"] else "—"
         wall = statistics.mean(r["seconds"] for r in rs)
         gits = ", ".join(sorted({r["git"] for r in rs}))
         hw = ", ".join(sorted({f"{r['device']} + torch {r['torch']}" for r in rs}))
-        rows.append(f"| {model} | {task} | {setting} | {n_train:,} | {spt} | {', '.join(str(r['seed']) for r in rs)} | "
-                    f"{mean_std([r['test'] for r in rs])} | {gain or '—'} | {mean_std([r['best_val'] for r in rs])} | {speed} | "
-                    f"{spt_loss} | {rs[0]['params']:,} | {wall / 60:.1f} min | {gits} | {hw} |")
+        rows.append(f"| {model} | {task} | {setting} | {n_train:,} | {spt} | {', '.join(str(r['seed']) for r in rs)} "
+                    f"| {mean_std([r['test'] for r in rs])} | {gain or '—'} | {mean_std([r['best_val'] for r in rs])} "
+                    f"| {speed} | {spt_loss} | {rs[0]['params']:,} | {wall / 60:.1f} min | {gits} | {hw} |")
+    return rows
+
+
+def objective_groups(runs):
+    """The comparisons of one study, per (task, setting without its step count, training examples, T = the TFS runs'
+    fine-tuning steps): main[model][column] -> runs, the TFS runs and the SPT runs with T fine-tuning steps on top
+    of their SPT steps, a column per SPT recipe; tied[(model, column)][(SPT steps, fine-tuning steps)] -> runs, the
+    SPT runs with T steps in all, and the TFS runs as the (0, T) point. A column is (objective, recipe), the recipe
+    "" unless a model ran that objective in several ways (TFS: ("TFS", "")). Only groups with two SPT objectives or
+    a compute-tied run. -> {key: (main, tied)}, keys sorted."""
+    groups = {}
+    for key in sorted({(r["task"], r["base"], r["n_train"], r["ft_steps"]) for r in runs if r["kind"] == "TFS"},
+                      key=lambda k: (k[0], k[1], -k[2], k[3])):
+        T, main, tied = key[3], defaultdict(lambda: defaultdict(list)), defaultdict(lambda: defaultdict(list))
+        members = [r for r in sorted(runs, key=lambda r: (r["seed"], r["name"]))
+                   if (r["task"], r["base"], r["n_train"]) == key[:3] and r["kind"] != "init"]
+        recipes = defaultdict(set)                                   # a model's ways of running one objective
+        for r in members:
+            recipes[(r["model"], r["objective"])].add(r["recipe"])
+        for r in members:
+            column = (r["objective"], r["recipe"] if len(recipes[(r["model"], r["objective"])]) > 1 else "")
+            if r["ft_steps"] == T:
+                main[r["model"]][column].append(r)
+            elif r["kind"] == "SPT" and r["spt_steps"] + r["ft_steps"] == T:
+                tied[(r["model"], column)][(r["spt_steps"], r["ft_steps"])].append(r)
+        for (model, _), points in tied.items():
+            points[(0, T)] = main.get(model, {}).get(("TFS", ""), [])
+        if len({o for by in main.values() for o, _ in by} - {"TFS"}) > 1 or tied:
+            groups[key] = (main, tied)
+    return groups
+
+
+def columns_of(main):
+    """Column order (TFS, then train.py's objectives) and headings: the objective's name, with its recipe where one
+    objective ran in several ways in the group."""
+    order = ("TFS",) + OBJECTIVES
+    columns = sorted({col for by in main.values() for col in by},
+                     key=lambda c: (order.index(c[0]) if c[0] in order else len(order), c))
+    names = [c[0] for c in columns]
+    return columns, [("TFS" if o == "TFS" else f"SPT {o}") + (f" ({recipe})" if recipe and names.count(o) > 1
+                                                               else "") for o, recipe in columns]
+
+
+def objective_tables(main):
+    """Test accuracy per model (rows) and column (TFS, SPT objectives), with SPT − TFS paired by seed under it; then
+    the cost: the SPT validation loss each objective reached and the wall time per run. -> lines of markdown."""
+    columns, names = columns_of(main)
+    header, rule = "| model | " + " | ".join(names) + " |", "|---" * (len(columns) + 1) + "|"
+    acc, cost = [header, rule], [header, rule]
+    for model in sorted(main, key=model_order):
+        by = main[model]
+        tfs = {r["seed"]: r["test"] for r in by.get(("TFS", ""), [])}
+        tested = [f"{mean_std([r['test'] for r in by[c]])} (n={len(by[c])})" if c in by else "–" for c in columns]
+        gains = [paired_gains(by[c], tfs) or "—" if c in by and c[0] != "TFS" else "—" for c in columns]
+        acc += [f"| {model} | {' | '.join(tested)} |", f"| {model}: SPT − TFS per seed | {' | '.join(gains)} |"]
+        spent = []
+        for c in columns:
+            rs = by.get(c, [])
+            loss = mean_std([r["spt_best"] for r in rs], 1, 3) if rs and rs[0]["spt_best"] is not None else "—"
+            wall = f"{statistics.mean(r['seconds'] for r in rs) / 60:.1f} min" if rs else "–"
+            spt = f" (SPT {statistics.mean(r['spt_seconds'] for r in rs) / 60:.1f})" if rs and c[0] != "TFS" else ""
+            spent.append(f"{loss} · {wall}{spt}" if rs else "–")
+        cost.append(f"| {model} | {' | '.join(spent)} |")
+    return acc, cost
+
+
+def tied_table(tied, T):
+    """Rows (model, objective), columns the SPT share of the T steps (0 %: the TFS runs): test accuracy mean ± std."""
+    points = sorted({p for by in tied.values() for p in by})
+    rows = ["| model · objective | " + " | ".join(f"{100 * s / T:.0f} % SPT ({s:,} + {f:,} steps)" + (
+        " = TFS" if s == 0 else "") for s, f in points) + " |", "|---" * (len(points) + 1) + "|"]
+    for (model, column), by in sorted(tied.items(), key=lambda kv: (model_order(kv[0][0]), kv[0][1])):
+        found = [f"{mean_std([r['test'] for r in by[p]])} (n={len(by[p])})" if by.get(p) else "–" for p in points]
+        rows.append(f"| {model} · {column[0]} | {' | '.join(found)} |")
     return rows
 
 
@@ -141,33 +252,80 @@ def save(plt, fig, path, title, width, fontsize):
     plt.close(fig)
 
 
-def plot_curves(cells, out, plt):
+def seed_dots(ax, x, rs, color, half=0.25):
+    """One dot per seed around x (spread a little, in seed order) and the seed mean as a bold line x ± half."""
+    accs = [r["test"] for r in rs]
+    ax.scatter([x + 0.3 * half * (j - (len(rs) - 1) / 2) for j in range(len(rs))], accs, color=color, s=14, zorder=3)
+    ax.hlines(statistics.mean(accs), x - half, x + half, color=color, lw=2)
+
+
+def plot_objectives(main, path, plt):
+    """Test accuracy per column (TFS, SPT objectives), a panel per model: a dot per seed, the seed mean a line."""
+    columns, names = columns_of(main)
+    models = sorted(main, key=model_order)
+    fig, axes = plt.subplots(1, len(models), figsize=(3.6 * len(models), 3.4), squeeze=False, sharey=True)
+    for ax, model in zip(axes[0], models):
+        for x, column in enumerate(columns):
+            if column in main[model]:
+                seed_dots(ax, x, main[model][column], COLORS.get(column[0], "grey"))
+        ax.set_xticks(range(len(columns)), [n.replace("SPT ", "") for n in names], fontsize=8)
+        ax.set_title(model, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    save(plt, fig, path, "test accuracy per SPT objective (dot: one seed; line: seed mean)", 100, 8)
+
+
+def plot_budget(tied, T, path, plt):
+    """The compute-tied slice: test accuracy against the SPT share of the T steps, a panel per model, a line per
+    objective from the TFS runs (0 %) through its seed means, a dot per seed (objectives side by side)."""
+    models = sorted({model for model, _ in tied}, key=model_order)
+    fig, axes = plt.subplots(1, len(models), figsize=(3.8 * len(models), 3.4), squeeze=False, sharey=True)
+    for ax, model in zip(axes[0], models):
+        lines = sorted(((column, by) for (m, column), by in tied.items() if m == model), key=lambda kv: kv[0])
+        for k, (column, by) in enumerate(lines):
+            color, shift = COLORS.get(column[0], "grey"), 2.5 * (k - (len(lines) - 1) / 2)
+            points = [(0, T)] * bool(by[(0, T)]) + sorted(p for p in by if p[0] and by[p])
+            x = [100 * s / T + shift * (s > 0) for s, _ in points]
+            for xk, p in zip(x, points):
+                seed_dots(ax, xk, by[p], COLORS["TFS"] if p[0] == 0 else color, half=1)
+            ax.plot(x, [statistics.mean(r["test"] for r in by[p]) for p in points], color=color, lw=1,
+                    label=" ".join(column).strip())
+        ax.set_xlabel(f"SPT share of the {T:,} steps (%; 0: TFS)")
+        ax.set_title(model, fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    save(plt, fig, path, "one step budget split between SPT and fine-tuning (dot: one seed; line: seed means)", 100, 8)
+
+
+def plot_curves(cells, out, plt, prefix=""):
     """One figure per (task, setting, training-set size): a panel per model, val accuracy over fine-tuning steps, TFS
     vs SPT, one thin line per seed and the seed mean bold (where the seeds share their evaluation steps).
     Draws only if plt (matplotlib.pyplot) is given; returns [(file name, caption)] either way."""
     groups = defaultdict(dict)
     for (task, setting, n_train, model, spt), rs in cells.items():
         groups[(task, setting, n_train)].setdefault(model, {})[spt] = rs
-    files = []
-    count = defaultdict(int)                                                # plots so far per task: file names
+    files, count = [], defaultdict(int)                                    # plots so far per task: file names
     for (task, setting, n_train), models in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], -kv[0][2])):
-        name, count[task] = f"val_acc_{task}_{count[task]}.png", count[task] + 1
+        name, count[task] = f"{prefix}val_acc_{task}_{count[task]}.png", count[task] + 1
         files.append((name, f"{task}, {n_train:,} training examples: {setting}"))
         if plt is None:
             continue
-        fig, axes = plt.subplots(1, len(models), figsize=(max(5.5, 4.2 * len(models)), 3.8), squeeze=False, sharey=True)
+        fig, axes = plt.subplots(1, len(models), figsize=(max(5.5, 4.2 * len(models)), 3.8), squeeze=False,
+                                 sharey=True)
         for ax, model in zip(axes[0], sorted(models)):
             variants = sorted(models[model].items(), key=lambda kv: (kv[0] != "TFS", -len(kv[1]), kv[0]))
+            colors = ["tab:blue", "tab:red", "tab:orange", "tab:purple", "tab:green"][variants[0][0] != "TFS":]
             for k, (spt, rs) in enumerate(variants):        # TFS blue; SPT red, further SPT variants other colours
-                color = ["tab:blue", "tab:red", "tab:orange", "tab:purple", "tab:green"][min(k, 4) if variants[0][0] == "TFS" else min(k + 1, 4)]
                 style = dict(ls="-", marker="s", ms=5) if spt == "TFS" else dict(ls="--", marker="o", ms=3)
                 for r in rs:
-                    ax.plot(*zip(*r["curve"]), color=color, alpha=0.3, lw=0.8)
+                    ax.plot(*zip(*r["curve"]), color=colors[min(k, len(colors) - 1)], alpha=0.3, lw=0.8)
                 steps = [s for s, _ in rs[0]["curve"]]
                 if all([s for s, _ in r["curve"]] == steps for r in rs):
                     mean = [statistics.mean(r["curve"][j][1] for r in rs) for j in range(len(steps))]
-                    ax.plot(steps, mean, color=color, lw=2, **style, label=f"{spt} (n={len(rs)})" if len(variants) > 2
-                            else f"{spt.split(' (')[0]} (n={len(rs)})")
+                    label = spt if len(variants) > 2 else spt.split(" (")[0]
+                    ax.plot(steps, mean, color=colors[min(k, len(colors) - 1)], lw=2, **style,
+                            label=f"{label} (n={len(rs)})")
             ax.axhline(rs[0]["chance"], color="grey", ls=":", lw=1)
             ax.axhline(rs[0]["chance"] + MARGIN, color="grey", ls="--", lw=0.8)
             ax.set_title(f"{model} on {task}", fontsize=10)
@@ -176,14 +334,14 @@ def plot_curves(cells, out, plt):
             ax.grid(alpha=0.3)
         axes[0][0].set_ylabel("val accuracy")
         save(plt, fig, out / name, f"{n_train:,} training examples · {setting}  (bold: seed mean; thin: single seeds; "
-                                 "dotted: chance; dashed: chance + 5)", 100, 8)
+                                   "dotted: chance; dashed: chance + 5)", 100, 8)
     return files
 
 
-def plot_sizes(cells, out, plt):
+def plot_sizes(cells, out, plt, prefix=""):
     """Test accuracy against the number of training examples, TFS vs SPT, one panel per model, for each (task,
     setting) run at more than one training-set size (the paper's data-fraction study). -> [(file name, caption)]."""
-    points = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # (task, setting) -> model -> spt -> [(n, acc)]
+    points = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))  # (task, setting) -> model -> spt -> (n, acc)
     for (task, setting, n_train, model, spt), rs in cells.items():
         points[(task, setting)][model][spt.split(" (")[0]] += [(n_train, r["test"]) for r in rs]
     files, count = [], defaultdict(int)
@@ -191,7 +349,7 @@ def plot_sizes(cells, out, plt):
         models = {m: by for m, by in models.items() if len({n for pts in by.values() for n, _ in pts}) > 1}
         if not models:
             continue
-        name, count[task] = f"train_size_{task}_{count[task]}.png", count[task] + 1
+        name, count[task] = f"{prefix}train_size_{task}_{count[task]}.png", count[task] + 1
         files.append((name, f"{task}: test accuracy against training examples, {setting}"))
         if plt is None:
             continue
@@ -200,7 +358,8 @@ def plot_sizes(cells, out, plt):
             for spt, pts in sorted(models[model].items()):
                 sizes = sorted({n for n, _ in pts})
                 accs = [[a for n, a in pts if n == x] for x in sizes]
-                ax.errorbar(sizes, [statistics.mean(a) for a in accs], [statistics.stdev(a) if len(a) > 1 else 0 for a in accs],
+                ax.errorbar(sizes, [statistics.mean(a) for a in accs],
+                            [statistics.stdev(a) if len(a) > 1 else 0 for a in accs],
                             marker="o", capsize=3, label=spt, color="tab:blue" if spt == "TFS" else "tab:red")
             ax.set_xscale("log")
             ticks = sorted({n for pts in models[model].values() for n, _ in pts})
@@ -215,7 +374,7 @@ def plot_sizes(cells, out, plt):
     return files
 
 
-def plot_kernels(runs, out, plt):
+def plot_kernels(runs, out, plt, prefix=""):
     """The paper's Figure 4 per (task, setting): max over channels of |K[l]| against l, per S4/DLR layer (mean over
     seeds, log scale), at init, after SPT, after fine-tuning from SPT and after training from scratch; runs with
     kernels.json, the largest training set of each. -> [(file name, caption)]."""
@@ -223,7 +382,7 @@ def plot_kernels(runs, out, plt):
     for r in runs:
         if r["kernels"]:
             largest[(r["task"], r["setting"])] = max(largest[(r["task"], r["setting"])], r["n_train"])
-    groups = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))   # (task, setting) -> model -> stage -> {seed: profile}
+    groups = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))  # (task, setting) -> model -> stage -> seed
     for r in runs:
         if not r["kernels"] or r["n_train"] != largest[(r["task"], r["setting"])]:
             continue
@@ -232,10 +391,11 @@ def plot_kernels(runs, out, plt):
         if spt:
             stage["after SPT"][r["seed"]] = stages["spt"]
         stage["fine-tuned from SPT" if spt else "trained from scratch"][r["seed"]] = stages["finetune"]
-    files, colors = [], {"init": "grey", "after SPT": "tab:orange", "fine-tuned from SPT": "tab:red", "trained from scratch": "tab:blue"}
-    count = defaultdict(int)
+    colors = {"init": "grey", "after SPT": "tab:orange", "fine-tuned from SPT": "tab:red",
+              "trained from scratch": "tab:blue"}
+    files, count = [], defaultdict(int)
     for (task, setting), models in sorted(groups.items()):
-        name, count[task] = f"kernels_{task}_{count[task]}.png", count[task] + 1
+        name, count[task] = f"{prefix}kernels_{task}_{count[task]}.png", count[task] + 1
         files.append((name, f"{task}: max over channels of |K[l]| per layer (paper Fig. 4), {setting}"))
         if plt is None:
             continue
@@ -258,59 +418,126 @@ def plot_kernels(runs, out, plt):
     return files
 
 
+def cells_section(runs, out, plt, study, first):
+    """One study's glance and every-cell tables and plots; a study after the first is named in the headings and
+    file names. -> (lines of markdown, [(file name, caption)])."""
+    cells, of, prefix = cells_of(runs), "" if first else f" (`{study}/`)", "" if first else f"{study}_"
+    figures = plot_curves(cells, out, plt, prefix) + plot_sizes(cells, out, plt, prefix)
+    figures += plot_kernels(runs, out, plt, prefix)
+    lines = [f"## At a glance{of}: test accuracy %, mean ± std over seeds (n = seeds)", ""] + glance(cells) + [""]
+    lines += [f"## Every cell{of}", ""] + table(cells) + [""]
+    return lines + [line for name, caption in figures for line in (f"![{caption}]({name})", "")], figures
+
+
+OBJECTIVES_NOTE = (
+    "SPT on the task's own training inputs (masked: the paper's denoising; span: SpanBERT's masked spans; rtd: "
+    "ELECTRA's replaced-token detection, GDES as in DeBERTaV3; each run's recipe: the SPT column of the every-cell "
+    "table), then the TFS run's fine-tuning. SPT − TFS pairs the runs of a seed, which share initialisation and batch "
+    "order (train.py --seed). SPT val loss: of the checkpoint fine-tuning starts from, each objective's own (masked, "
+    "span: cross-entropy over the masked positions; rtd: generator cross-entropy + λ × discriminator cross-entropy), "
+    "so it compares models within a column, never objectives. Wall time: mean over the cell's runs.")
+
+
+def objectives_section(runs, groups, out, plt, study):
+    """One study's objective comparisons (objective_groups), their plots, and its every-cell table."""
+    lines, figures, count = [f"## SPT objectives (`{study}/`)", "", OBJECTIVES_NOTE, ""], [], defaultdict(int)
+    for (task, base, n_train, T), (main, tied) in groups.items():
+        tag, count[task] = task + (f"_{count[task]}" if count[task] else ""), count[task] + 1
+        acc, cost = objective_tables(main)
+        lines += [f"### {task} · {base} · {n_train:,} training examples · {T:,} fine-tuning steps", "",
+                  "Test accuracy %, mean ± std over seeds (n = seeds); SPT − TFS per seed (points):", ""] + acc
+        lines += ["", "SPT validation loss reached (own objective's) · wall time / run (SPT phase), min:", ""] + cost
+        figures.append((f"objectives_{tag}.png", f"{task}: test accuracy per SPT objective, {base}"))
+        if plt:
+            plot_objectives(main, out / figures[-1][0], plt)
+        if tied:
+            lines += ["", f"Compute-tied, as in the paper, Table 8: {T:,} steps in all, split between SPT and "
+                      "fine-tuning; test accuracy %, mean ± std over seeds (n = seeds):", ""] + tied_table(tied, T)
+            figures.append((f"objectives_budget_{tag}.png", f"{task}: {T:,} steps split between SPT and fine-tuning"))
+            if plt:
+                plot_budget(tied, T, out / figures[-1][0], plt)
+        lines += [""]
+    lines += [line for name, caption in figures for line in (f"![{caption}]({name})", "")]
+    return lines + [f"### Every cell of `{study}/`", ""] + table(cells_of(runs)) + [""], figures
+
+
+def unfinished_lines(folder, names, first):
+    """A study's runs without results.json: the last evaluation each logged, and its command."""
+    if not names:
+        return []
+    where = "" if first else f" of `{folder.name}/`"
+    lines = [f"Unfinished runs{where} (no results.json: stopped before the end), not counted in the table:", ""]
+    for u in names:
+        log = folder / u / "log.jsonl"
+        records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.is_file() else []
+        last = next((r for r in reversed(records) if "val_acc" in r), None)
+        seen = (f"last eval: {last['phase']} epoch {last['epoch']}, step {last['step']}, val acc "
+                f"{last['val_acc'] * 100:.1f}%") if last else "no evaluation logged"
+        command = "python " + " ".join(json.loads((folder / u / "config.json").read_text()).get("command", []))
+        lines += [f"- `{u}`: {seen}  ", f"  `{command}`"]
+    return lines + [""]
+
+
 def main(argv=None):
     here = Path(__file__).resolve().parent
     p = argparse.ArgumentParser(description="Rebuild summary.md and plots from train.py run folders.")
-    p.add_argument("--runs", default=str(here / "study"), help="folder whose subfolders are run folders")
+    p.add_argument("--runs", nargs="+", default=None, help="study folders, each holding run folders (default: "
+                   f"{', '.join(f'results/{s}' for s in STUDIES)}, those that exist)")
     p.add_argument("--out", default=str(here), help="where summary.md and the .png plots go")
-    p.add_argument("--title", default="Results: self pre-training (SPT) vs training from scratch (TFS)", help="heading of summary.md")
+    p.add_argument("--title", default="Results: self pre-training (SPT) vs training from scratch (TFS)",
+                   help="heading of summary.md")
     args = p.parse_args(argv)
-    runs_dir, out = Path(args.runs), Path(args.out)
-    if not runs_dir.is_dir():
-        raise SystemExit(f"summarize.py: --runs {runs_dir}: no such folder (it should hold train.py run folders)")
+    folders = [Path(f) for f in args.runs] if args.runs else [here / s for s in STUDIES if (here / s).is_dir()]
+    for folder in folders or [here / STUDIES[0]]:
+        if not folder.is_dir():
+            raise SystemExit(f"summarize.py: --runs {folder}: no such folder (it should hold train.py run folders)")
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    folders = sorted(f for f in runs_dir.iterdir() if (f / "config.json").is_file())
-    runs = [r for r in map(read_run, folders) if r]
-    unfinished = [f.name for f in folders if not (f / "results.json").is_file()]
-    cells = cells_of(runs)
-    for old in [*out.glob("val_acc_*.png"), *out.glob("data_fraction_*.png"), *out.glob("train_size_*.png"),
-                *out.glob("kernels_*.png")]:                              # plots of an earlier set of runs
-        old.unlink()
+    for kind in ("val_acc", "data_fraction", "train_size", "kernels", "objectives"):  # plots of earlier runs
+        for old in out.glob(f"*{kind}_*.png"):
+            old.unlink()
+    plt = pyplot()
+    studies = []                                                            # [(folder, runs, unfinished names)]
+    for folder in folders:
+        runs = sorted((f for f in folder.iterdir() if (f / "config.json").is_file()), key=lambda f: f.name)
+        studies.append((folder, [r for r in map(read_run, runs) if r],
+                        [f.name for f in runs if not (f / "results.json").is_file()]))
+    n_runs = sum(len(runs) for _, runs, _ in studies)
+    where = " and ".join(f"`{f.name}/`" + (f" ({len(runs)})" if len(studies) > 1 else "") for f, runs, _ in studies)
+    lines = [f"# {args.title}", "",
+             f"Generated by `python results/summarize.py --runs {' '.join(f.name for f in folders)} ...` from {n_runs} "
+             f"finished run folders in {where} (each: config.json with the command and commit, log.jsonl, log.txt, "
+             "results.json). Test accuracy is that of the best-validation checkpoint. mean ± std over seeds (sample "
+             "std). 'first step > chance + 5': the first fine-tuning step (val is measured at each evaluation) at "
+             f"which val accuracy exceeded chance + {MARGIN * 100:.0f} points, per seed. Wall time: whole run (SPT + "
+             "fine-tuning + test).", ""]
+    n_figures = 0
+    for i, (folder, runs, unfinished) in enumerate(studies):
+        groups = objective_groups(runs)
+        section, figures = objectives_section(runs, groups, out, plt, folder.name) if groups \
+            else cells_section(runs, out, plt, folder.name, i == 0)
+        lines += section + unfinished_lines(folder, unfinished, i == 0)
+        n_figures += len(figures)
+    lines += ["## Runs and exact commands", ""]
+    for folder, runs, _ in studies:
+        study = f"{folder.name}/" if len(studies) > 1 else ""
+        for r in sorted(runs, key=lambda r: r["name"]):
+            lines += [f"- `{study}{r['name']}`: test {r['test'] * 100:.1f}%, best val {r['best_val'] * 100:.1f}%, "
+                      f"{r['seconds'] / 60:.1f} min, git {r['git']}  ", f"  `{r['command']}`"]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {out / 'summary.md'} ({n_runs} runs in {len(studies)} studies) and {n_figures if plt else 0} plots")
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only backend, or None: matplotlib is optional, summary.md does not need it."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        plt = None
         print("matplotlib is not installed: summary.md written, plots skipped (pip install matplotlib)")
-    figures = plot_curves(cells, out, plt) + plot_sizes(cells, out, plt) + plot_kernels(runs, out, plt)
-    lines = [f"# {args.title}", "",
-             f"Generated by `python results/summarize.py --runs {runs_dir.name} ...` from {len(runs)} finished run folders "
-             f"in `{runs_dir.name}/` (each: config.json with the command and commit, log.jsonl, log.txt, results.json). "
-             "Test accuracy is that of the best-validation checkpoint. mean ± std over seeds (sample std). "
-             f"'first step > chance + 5': the first fine-tuning step (val is measured at each evaluation) at which val accuracy "
-             f"exceeded chance + {MARGIN * 100:.0f} points, per seed. Wall time: whole run (SPT + fine-tuning + test).", ""]
-    lines += ["## At a glance: test accuracy %, mean ± std over seeds (n = seeds)", ""] + glance(cells) + [""]
-    lines += ["## Every cell", ""] + table(cells) + [""]
-    for name, caption in figures:
-        lines += [f"![{caption}]({name})", ""]
-    if unfinished:
-        lines += ["Unfinished runs (no results.json: stopped before the end), not counted in the table:", ""]
-        for u in unfinished:
-            records = [json.loads(x) for x in (runs_dir / u / "log.jsonl").read_text().splitlines() if x.strip()] \
-                if (runs_dir / u / "log.jsonl").is_file() else []
-            last = next((r for r in reversed(records) if "val_acc" in r), None)
-            seen = f"last eval: {last['phase']} epoch {last['epoch']}, step {last['step']}, val acc {last['val_acc'] * 100:.1f}%" \
-                if last else "no evaluation logged"
-            command = "python " + " ".join(json.loads((runs_dir / u / "config.json").read_text()).get("command", []))
-            lines += [f"- `{u}`: {seen}  ", f"  `{command}`"]
-        lines += [""]
-    lines += ["## Runs and exact commands", ""]
-    for r in sorted(runs, key=lambda r: r["name"]):
-        lines += [f"- `{r['name']}`: test {r['test'] * 100:.1f}%, best val {r['best_val'] * 100:.1f}%, "
-                  f"{r['seconds'] / 60:.1f} min, git {r['git']}  ", f"  `{r['command']}`"]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out / 'summary.md'} ({len(runs)} runs, {len(cells)} cells) and {len(figures) if plt else 0} plots")
+        return None
+    return plt
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Facts about the study scripts in results/: the committed summary is exactly what summarize.py makes of the committed
-run folders, and kernels.py's "init" profile is the model train.py really started from."""
+run folders, studies never share a cell, the objectives tables pair SPT and TFS by seed, and kernels.py's "init"
+profile is the model train.py really started from."""
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -64,3 +66,114 @@ def test_readme_shows_the_at_a_glance_table_of_the_summary():
     rows = [line for line in summary.splitlines() if line.startswith("| ")]
     readme = (RESULTS.parent / "README.md").read_text()
     assert len(rows) > 2 and all(row in readme for row in rows), "README's study table differs from results/summary.md"
+
+
+def fake_run(study, name, test, seed=0, objective=None, spt_steps=0, ft_steps=20):
+    """A finished run folder with just what summarize.py reads (a text run, 64 training examples)."""
+    (study / name).mkdir(parents=True)
+    args = dict(task="text", difficulty="hard", max_len=128, causal=False, lr=0.002, batch_size=16, max_eval=32,
+                seed=seed, spt=objective is not None, objective=objective or "masked", mask_ratio=0.15, span_mean=3.0,
+                gen_width=8, gen_layers=1, rtd_weight=50.0, gdes=True, pretrain_lr=0.002, init_from=None)
+    config = dict(model_name="transformer", task="text", args=args, config=dict(d_model=16, n_layers=1),
+                  head=dict(n_classes=2), git="abc1234", torch="2.x", device="cpu", command=["train.py", name])
+    records = [dict(phase="spt", epoch=1, step=spt_steps, val_loss=2.0 + seed, val_acc=0.3)] if objective else []
+    records.append(dict(phase="finetune", epoch=1, step=ft_steps, val_loss=0.69, val_acc=0.6))
+    results = dict(test_acc=test, best_val_acc=0.6, params=1000, n_train=64,
+                   wall_time_s=dict(total=120.0, spt=60.0 if objective else 0.0))
+    (study / name / "config.json").write_text(json.dumps(config))
+    (study / name / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (study / name / "results.json").write_text(json.dumps(results))
+
+
+def rows_of(summary, label):
+    """The table rows of (part of) summary.md that start with '| label |', split into their cells."""
+    return [[cell.strip() for cell in line.strip(" |").split(" | ")][1:] for line in summary.splitlines()
+            if line.startswith(f"| {label} |")]
+
+
+def objectives_part(summary):
+    """The objectives tables of summary.md, without the every-cell table that follows them."""
+    return summary.split("## SPT objectives")[1].split("### Every cell")[0]
+
+
+def two_studies(tmp_path):
+    """old/: TFS and masked SPT (seeds 0, 1); new/: the same settings again with other accuracies, plus rtd."""
+    for seed in (0, 1):
+        fake_run(tmp_path / "old", f"tfs-s{seed}", 0.60 + 0.02 * seed, seed)
+        fake_run(tmp_path / "old", f"spt-s{seed}", 0.64 + 0.02 * seed, seed, "masked", 12)
+        fake_run(tmp_path / "new", f"tfs-s{seed}", 0.70 + 0.02 * seed, seed)
+        fake_run(tmp_path / "new", f"masked-s{seed}", 0.74 + 0.02 * seed, seed, "masked", 12)
+        fake_run(tmp_path / "new", f"rtd-s{seed}", 0.80 + 0.02 * seed, seed, "rtd", 12)
+
+
+def test_runs_of_different_studies_never_share_a_cell(tmp_path):
+    two_studies(tmp_path)
+    script("summarize").main(["--runs", str(tmp_path / "old"), str(tmp_path / "new"), "--out", str(tmp_path / "out")])
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "(n=4)" not in summary and "0, 1, 0, 1" not in summary, "two studies' seeds were pooled into one cell"
+    assert rows_of(summary, "text · L ≤ 128 · D16x1 · lr 0.002 · batch 16 · 20 steps · val/test 32 · 64")[0][:2] \
+        == ["61.0 ± 1.4 (n=2)", "65.0 ± 1.4 (n=2)"], "old/'s glance row is not old/'s runs alone"
+    assert rows_of(objectives_part(summary), "transformer")[0] == ["71.0 ± 1.4 (n=2)", "75.0 ± 1.4 (n=2)",
+                                                                   "81.0 ± 1.4 (n=2)"], "new/'s TFS, masked, rtd"
+    assert "## SPT objectives (`new/`)" in summary and "- `old/tfs-s0`" in summary and "- `new/tfs-s0`" in summary
+
+
+def test_a_study_reads_the_same_alone_and_beside_another(tmp_path):
+    """Adding a study changes the header and the run list, never a line of the other study's sections."""
+    two_studies(tmp_path)
+    summarize = script("summarize")
+    summarize.main(["--runs", str(tmp_path / "old"), "--out", str(tmp_path / "alone")])
+    summarize.main(["--runs", str(tmp_path / "old"), str(tmp_path / "new"), "--out", str(tmp_path / "both")])
+    alone = (tmp_path / "alone" / "summary.md").read_text().split("\n## At a glance")[1].split("\n## Runs and")[0]
+    both = (tmp_path / "both" / "summary.md").read_text().split("\n## At a glance")[1].split("\n## SPT objectives")[0]
+    assert alone == both, "the first study's tables differ once a second study is summarised with it"
+
+
+def test_objectives_table_pairs_spt_and_tfs_by_seed(tmp_path):
+    for seed, tfs, masked in [(0, 0.50, 0.55), (1, 0.60, 0.58), (2, 0.70, 0.75)]:
+        fake_run(tmp_path / "runs", f"z-tfs-s{seed}", tfs, seed)
+        fake_run(tmp_path / "runs", f"y-masked-s{seed}", masked, seed, "masked", 12)
+    fake_run(tmp_path / "runs", "a-rtd-s2", 0.71, 2, "rtd", 12)      # names sort against the seeds; seed 0 missing
+    fake_run(tmp_path / "runs", "b-rtd-s1", 0.62, 1, "rtd", 12)
+    script("summarize").main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    summary = objectives_part((tmp_path / "out" / "summary.md").read_text())
+    assert "| model | TFS | SPT masked | SPT rtd |" in summary
+    assert rows_of(summary, "transformer: SPT − TFS per seed") == [["—", "+5.0 / -2.0 / +5.0", "+2.0 / +1.0"]], \
+        "SPT − TFS must subtract the TFS run of the same seed, in seed order"
+    assert rows_of(summary, "transformer")[1] == ["— · 2.0 min", "3.000 ± 1.000 · 2.0 min (SPT 1.0)",
+                                                  "3.500 ± 0.707 · 2.0 min (SPT 1.0)"], "SPT val loss, wall time"
+
+
+def test_compute_tied_slice_reads_the_tfs_runs_as_its_zero_share(tmp_path):
+    for seed in (0, 1):
+        fake_run(tmp_path / "runs", f"tfs-s{seed}", 0.60 + 0.02 * seed, seed)
+        fake_run(tmp_path / "runs", f"spt-s{seed}", 0.70, seed, "masked", 12)                 # 12 + 20 steps: on top
+        fake_run(tmp_path / "runs", f"tied40-s{seed}", 0.64 + 0.02 * seed, seed, "masked", 8, 12)
+        fake_run(tmp_path / "runs", f"tied60-s{seed}", 0.66, seed, "masked", 12, 8)
+    script("summarize").main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    summary = objectives_part((tmp_path / "out" / "summary.md").read_text())
+    assert "| model · objective | 0 % SPT (0 + 20 steps) = TFS | 40 % SPT (8 + 12 steps) | 60 % SPT (12 + 8 steps) |" \
+        in summary
+    assert rows_of(summary, "transformer · masked") == [["61.0 ± 1.4 (n=2)", "65.0 ± 1.4 (n=2)", "66.0 ± 0.0 (n=2)"]]
+    assert rows_of(summary, "transformer")[0] == ["61.0 ± 1.4 (n=2)", "70.0 ± 0.0 (n=2)"], \
+        "the main table holds only the runs with the TFS runs' fine-tuning steps"
+
+
+def test_objectives_summary_is_the_same_without_matplotlib_and_its_plots_the_same_twice(tmp_path, monkeypatch):
+    two_studies(tmp_path)
+    summarize, runs = script("summarize"), ["--runs", str(tmp_path / "old"), str(tmp_path / "new")]
+    if importlib.util.find_spec("matplotlib"):
+        for out in ("a", "b"):
+            summarize.main(runs + ["--out", str(tmp_path / out)])
+        pngs = sorted(p.name for p in (tmp_path / "a").glob("*.png"))
+        assert "objectives_text.png" in pngs and all(
+            (tmp_path / "a" / p).read_bytes() == (tmp_path / "b" / p).read_bytes() for p in pngs), "plots differ"
+        linked = [line.split("](")[1].rstrip(")") for line in (tmp_path / "a" / "summary.md").read_text().splitlines()
+                  if line.startswith("![")]
+        assert sorted(linked) == pngs, "summary.md links exactly the plots it drew"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)                    # import matplotlib now fails
+    summarize.main(runs + ["--out", str(tmp_path / "c")])
+    assert not list((tmp_path / "c").glob("*.png"))
+    if (tmp_path / "a").is_dir():
+        assert (tmp_path / "c" / "summary.md").read_text() == (tmp_path / "a" / "summary.md").read_text(), \
+            "summary.md depends on whether matplotlib is installed"
