@@ -1,54 +1,63 @@
-"""bench.py: speed and memory of the three models. Speed: one layer of each (forward + backward) and its SSM kernel
-alone at growing length L, and whole training steps of train.py's presets. Memory: the peak of one training step of
-every `--preset paper` model at its task's full length, estimated on fake tensors (shapes and dtypes, no data).
-speed:   time per step at fixed B ∝ L^p, least squares over ≥ 3 lengths: p ≈ 1 for L log L (FFT convolution,
-         block-local attention), p ≈ 2 for full attention; the DLR kernel's GFLOP/s next to the machine's matmul's
-memory:  peak = 4 × parameter bytes (weights, gradients, AdamW's two moments) + the most bytes live at once in one
-         step's forward and backward  -> equals a real step's memory growth on a CPU: tests/test_bench.py
+"""bench.py: speed of the three models, and a GPU check of the paper presets that ships with the repo.
+speed:   one layer of each (forward + backward) and its SSM kernel alone at growing length L, and whole training steps
+         of train.py's presets; time per step at fixed B ∝ L^p, least squares over ≥ 3 lengths: p ≈ 1 for L log L (FFT
+         convolution, block-local attention), p ≈ 2 for full attention; the DLR kernel's GFLOP/s next to the matmul's
+memory:  --memory: memory.py's estimate of every --preset paper step's peak, checked against real CPU steps
+check:   --gpu-check, ≤ --minutes: the layers, short --preset paper runs of each model on Pathfinder and PathX, then
+         the paper's first claim in miniature (Transformer on Pathfinder, from scratch vs SPT); see gpu_check
 usage:   python bench.py [--quick] [--device cuda] [--out runs/bench.json]     python bench.py --memory [--out ...]
+         python bench.py --device cuda --gpu-check [--minutes 10] [--out-dir results/gpu/<device>]
+Check: tests/test_bench.py (a tiny speed run, exponents, the whole --gpu-check at --check-scale tiny on the CPU).
 """
 import argparse
-import ctypes
-import dataclasses
+import contextlib
 import json
 import math
 import os
+import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-import weakref
+import traceback
 from pathlib import Path
 
 # Before torch starts OpenMP: on a shared CPU, spinning threads wait a whole time slice for a descheduled partner in
 # every parallel region (results/bench_notes.md). Set OMP_WAIT_POLICY=ACTIVE yourself on a dedicated machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
-from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
 
-import denoise  # noqa: E402
 import lra_data  # noqa: E402
+import memory  # noqa: E402
+import pathfinder  # noqa: E402
 import train  # noqa: E402
 from dlr import DLR, DLRConfig, DLRKernel  # noqa: E402
+from memory import memory_mib, simulated_peak, table, training_case  # noqa: E402
 from s4 import S4, S4Config, S4Kernel  # noqa: E402
 from transformer import Transformer, TransformerConfig  # noqa: E402
 
 LAYERS = ["transformer-full", "transformer-local", "s4-nplr", "s4-diag", "dlr"]
 # --quick is the same measurement with fewer lengths and shorter timing; flags given explicitly win over both.
-FULL = dict(lengths=[1024, 4096, 8192, 16384, 65536], max_tokens=4096, min_time=1.0, max_reps=5, presets=["tiny", "paper"],
-            fit_from=4096)
+FULL = dict(lengths=[1024, 4096, 8192, 16384, 65536], max_tokens=4096, min_time=1.0, max_reps=5,
+            presets=["tiny", "paper"], fit_from=4096)
 QUICK = dict(lengths=[2048, 4096, 8192], max_tokens=2048, min_time=0.2, max_reps=2, presets=["tiny"], fit_from=2048)
 FIT_POINTS = 3                # two points fit any power exactly: an exponent needs at least three lengths
 W_BLOCK = TransformerConfig.block_size                                    # block-local attention block (4096)
-PRECISIONS, PHASES = ["fp32", "bf16"], ["finetune", "spt"]
-GPU_GIB, HEADROOM = 80, 0.9   # fits = estimate ≤ 90 % of an 80 GB card (80 GiB); the 10 % are for what the estimate
-                              # leaves out: CUDA context, cuFFT / cuBLAS workspaces, allocator rounding
-# estimate vs a real CPU step, small sizes: (model, task, phase, precision, B, lengths); S4 keeps N = 64
-CHECKS = [("dlr", "pathfinder", "finetune", "fp32", 8, [1024, 2048]),
-          ("s4", "listops", "finetune", "fp32", 8, [1024, 2048]), ("s4", "pathfinder", "spt", "bf16", 8, [1024, 2048]),
-          ("transformer", "text", "finetune", "bf16", 16, [512, 1024])]
-CHECK_SIZE = dict(d_model=64, n_layers=2, n_heads=4, d_ff=128, dropout=0.0)
+# --gpu-check sizes (gpu_check's docstring says why). layers: bench.py flags of part 1; size: model flags of train.py
+# (none: the paper's); batch: None = the preset's; steps / epochs: each part-2 run; claim_*: part 3; *_s: seconds
+# guessed before anything is measured, and kept back for part 3
+TINY_LAYERS = ["--lengths", "64", "128", "256", "--max-tokens", "512", "--batch", "2", "--d-model", "16", "--d-state",
+               "8", "--dlr-state", "32", "--n-heads", "2", "--min-time", "0", "--max-reps", "1", "--fit-from", "64"]
+CHECK_SCALES = {
+    "paper": dict(layers=["--quick"], size={}, batch=None, steps=200, epochs=5, max_eval=256, claim_epochs=10,
+                  claim_eval=1024, min_claim_steps=500, max_claim_steps=20_000, layers_s=60, run_s=30, reserve_s=180),
+    "tiny": dict(layers=TINY_LAYERS + ["--presets"], size=dict(d_model=16, n_layers=1, d_state=8), batch=2, steps=3,
+                 epochs=3, max_eval=2, claim_epochs=2, claim_eval=2, min_claim_steps=2, max_claim_steps=4, layers_s=0,
+                 run_s=0, reserve_s=0, skip={("transformer", "pathx"): "--check-scale tiny: the paper's 4 heads of "
+                                             "block-local attention at L = 16,384 take ~12 s a step on a CPU core"}),
+}
+RUN_TASKS, CHANCE_PLUS = ["pathfinder", "pathx"], 0.6   # part 3: the first step with val_acc ≥ 0.6 (chance: 0.5)
 
 
 def parse_args(argv=None):
@@ -56,6 +65,11 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--quick", action="store_true", help=f"about a minute on 2 CPU cores: {QUICK}")
     p.add_argument("--memory", action="store_true", help="estimate the peak memory of the --preset paper runs instead")
+    p.add_argument("--gpu-check", action="store_true", help="layers, short paper runs, TFS vs SPT (see gpu_check)")
+    p.add_argument("--minutes", type=float, default=10.0, help="--gpu-check: time budget; what does not fit is skipped")
+    p.add_argument("--check-scale", choices=CHECK_SCALES, default=None, help="--gpu-check sizes (default: paper on "
+                   "cuda, tiny on cpu: width 16, one layer, a few steps)")
+    p.add_argument("--out-dir", default=None, help="--gpu-check: output folder (default results/gpu/<device>)")
     p.add_argument("--lengths", type=int, nargs="+", default=None, help=f"lengths L (default {FULL['lengths']})")
     p.add_argument("--batch", type=int, default=4, help="B of one layer's forward+backward")
     p.add_argument("--max-tokens", type=int, default=None, help=f"B ≤ this // L (default {FULL['max_tokens']})")
@@ -75,10 +89,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     for key, value in (QUICK if args.quick else FULL).items():
         setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
+    args.check_scale = args.check_scale or ("paper" if args.device.startswith("cuda") else "tiny")
     return args
 
 
-# ---- measuring: time, the machine's matmul, memory ------------------------------------------------------------------
+# ---- measuring: time, the machine's matmul --------------------------------------------------------------------------
 
 def timed(fn, args, slow=30.0):
     """Best seconds per call of fn. Best, not mean: on a shared machine other jobs only ever add time. The first call
@@ -103,204 +118,6 @@ def matmul_gflops(args):
     n = 8192 if args.device == "cuda" else 2048
     a, b = torch.randn(n, n, device=args.device), torch.randn(n, n, device=args.device)
     return 2 * n**3 / timed(lambda: a @ b, args)[0] / 1e9
-
-
-def memory_mib(device, what, reset=False):
-    """MiB of memory: what = "now" (CUDA allocated / resident set), "peak" (since the last reset: CUDA's allocator
-    counter, or VmHWM, reset by writing 5 to /proc/self/clear_refs, Linux) or "free"."""
-    if device == "cuda":
-        if reset:
-            torch.cuda.reset_peak_memory_stats()
-        info = dict(now=torch.cuda.memory_allocated, peak=torch.cuda.max_memory_allocated,
-                    free=lambda: torch.cuda.mem_get_info()[0])
-        return info[what]() / 2**20
-    if reset:                                # first hand memory that malloc keeps for reuse back to the system
-        ctypes.CDLL(None).malloc_trim(0)     # (glibc), so that what the row needs shows in the resident set
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    key, path = dict(now=("VmRSS", "self/status"), peak=("VmHWM", "self/status"), free=("MemAvailable", "meminfo"),
-                     )[what]
-    with open(f"/proc/{path}") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(key + ":")) / 1024
-
-
-# ---- memory without allocating it: a counting dispatch mode on fake tensors -----------------------------------------
-
-class LiveBytes(TorchDispatchMode):
-    """A simulated allocator: the bytes of every storage that some tensor made under this mode still uses (views share
-    their base's), and their peak. The models read no data to decide shapes, so fake tensors run them unchanged."""
-
-    def __init__(self):
-        super().__init__()
-        self.users, self.now, self.peak = {}, 0, 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self.track(t)
-        return out
-
-    def track(self, t):
-        storage = t.untyped_storage()
-        key, nbytes = storage._cdata, storage.nbytes()
-        if key not in self.users:
-            self.users[key], self.now = 0, self.now + nbytes
-            self.peak = max(self.peak, self.now)
-        self.users[key] += 1
-        weakref.finalize(t, self.release, key, nbytes)   # runs when the tensor (also one autograd keeps) is gone
-
-    def release(self, key, nbytes):
-        self.users[key] -= 1
-        if not self.users[key]:
-            del self.users[key]
-            self.now -= nbytes
-
-
-def autocast(precision, device="cpu"):
-    """bf16 = autocast as train.py runs it on a GPU by default (matmuls, attention in bf16; the SSM block keeps its
-    kernel and FFT convolution in fp32). On fake CPU tensors CPU autocast stands in for CUDA's (for these models both
-    cast the same ops), and CPU fused attention for the GPU's flash / memory-efficient kernels (no L×L matrix)."""
-    return torch.autocast(device, torch.bfloat16, enabled=precision == "bf16")
-
-
-def simulated_peak(build, forward, precision):
-    """(parameters, their bytes, peak bytes of one step above them) of model = build(), on fake tensors: nothing is
-    allocated. The step: loss = forward(model) under autocast, loss.backward(). Autograd keeps the saved
-    tensors themselves (not shallow copies), so the counter sees each one live until backward frees it."""
-    with FakeTensorMode():
-        model = build()
-        counter, keep = LiveBytes(), (lambda t: t)
-        with counter, torch.autograd.graph.saved_tensors_hooks(keep, keep):
-            with autocast(precision):
-                loss = forward(model)
-            loss.backward()
-            del loss
-    return sum(p.numel() for p in model.parameters()), sum(p.nbytes for p in model.parameters()), counter.peak
-
-
-def training_case(model_name, task, values, phase, B, L):
-    """(build, forward) of one training step of train.py's model on a random batch of full length L: classifier +
-    cross-entropy (finetune), or denoising head at every position + its loss on the masked ones (spt). Token tasks
-    take the padded path (lengths given, all real: the larger case), pixel tasks are never padded (lengths None).
-    Retrieval: two documents per example, so 2·B sequences."""
-    spec, cfg, n_out = lra_data.TASKS[task], train.model_config(model_name, task, values), train.n_outputs(task)
-    head = (dict(kind="denoise", n_out=n_out) if phase == "spt" else
-            dict(kind="classifier", n_classes=spec.n_classes, pool=spec.pool, pair=spec.pair))
-    meta = dict(model_name=model_name, config=dataclasses.asdict(cfg), head=head)
-
-    def forward(model):
-        device, rows = next(model.parameters()).device, 2 * B if spec.pair else B
-        shape = (B, 2, L) if spec.pair and phase == "finetune" else (rows, L)        # the classifier pairs them
-        x = (torch.randint(4, spec.vocab_size, shape, device=device) if cfg.vocab_size else
-             torch.randn(*shape, cfg.d_input, device=device))                       # ids, or (..., L, 2) pixels
-        lengths = torch.full(shape[:-1], L, device=device) if cfg.vocab_size else None   # (B,), (B, 2), (2B,)
-        if phase == "finetune":
-            return denoise.loss(model(x, lengths), torch.randint(0, spec.n_classes, (B,), device=device))
-        target = (torch.rand(rows, L, device=device) if n_out == 1 else
-                  torch.randint(0, n_out, (rows, L), device=device))                # (rows, L)
-        weight = (torch.rand(rows, L, device=device) < spec.mask_ratio).float()     # 1 where masked
-        return denoise.loss(model(x, lengths), target, weight)                       # predictions (rows, L, n_out)
-    return (lambda: train.build_model(meta)), forward
-
-
-def training_memory(model_name, task, values, phase, B, L, precision):
-    """Estimated peak bytes of one training step (see the file header), with its parts. The layers are identical and
-    each adds the same bytes at the moment of the peak (its saved activations), so the count is affine in n_layers:
-    runs with 1 and 2 layers give it for any number (tests/test_bench.py checks this against the whole model)."""
-    one, two = (simulated_peak(*training_case(model_name, task, {**values, "n_layers": n}, phase, B, L), precision)
-                for n in (1, 2))
-    n_params, param_bytes, step = (a + (values["n_layers"] - 1) * (b - a) for a, b in zip(one, two))
-    return dict(n_params=n_params, step=step, peak=4 * param_bytes + step)
-
-
-def paper_memory(model_name, task, phase, precision, accum_steps=None):
-    """The estimate of one --preset paper step of `phase` at the task's full length and micro-batch
-    ⌈batch / accum_steps⌉ (accum_steps: the preset's unless given), and whether it fits. Fine-tuning runs from
-    scratch (TFS) or after SPT, whose batch sizes may differ: the run with the larger micro-batch counts."""
-    runs = []
-    for spt in [True] if phase == "spt" else [False, True]:
-        v = train.preset_values("paper", model_name, task, spt)
-        batch, accum = ((v["pretrain_batch_size"], v["pretrain_accum_steps"]) if phase == "spt" else
-                        (v["batch_size"], v["accum_steps"]))
-        runs.append((-(-batch // (accum_steps or accum)), batch, accum_steps or accum, v))
-    micro, batch, accum, values = max(runs, key=lambda r: r[0])
-    est = training_memory(model_name, task, values, phase, micro, lra_data.TASKS[task].max_len, precision)
-    return dict(est, L=lra_data.TASKS[task].max_len, batch=batch, accum_steps=accum, micro_batch=micro,
-                gib=est["peak"] / 2**30, fits=est["peak"] <= HEADROOM * GPU_GIB * 2**30)
-
-
-def accum_to_fit(model_name, task, phase, precision="bf16"):
-    """The smallest power-of-two accum_steps at which the phase fits; None if one example per step does not."""
-    accum = 1
-    while not (est := paper_memory(model_name, task, phase, precision, accum))["fits"]:
-        if est["micro_batch"] == 1:
-            return None
-        accum *= 2
-    return accum
-
-
-def memory_table():
-    """Every --preset paper model × task × phase in both precisions, with the accum_steps that fit in bf16."""
-    rows = []
-    for model_name, task, phase in [(m, t, p) for m in train.MODELS for t in lra_data.TASKS for p in PHASES]:
-        est = {precision: paper_memory(model_name, task, phase, precision) for precision in PRECISIONS}
-        keep = ("n_params", "L", "batch", "accum_steps", "micro_batch")
-        rows.append(dict(model=model_name, task=task, phase=phase, **{k: est["bf16"][k] for k in keep},
-                         **{f"{p}_{k}": est[p][k] for p in PRECISIONS for k in ("gib", "fits")},
-                         accum_to_fit=est["bf16"]["accum_steps"] if est["bf16"]["fits"] else
-                         accum_to_fit(model_name, task, phase)))
-        print(f"  {model_name:11s} {task:10s} {phase:8s} micro-batch {rows[-1]['micro_batch']:3d}: fp32 "
-              f"{est['fp32']['gib']:6.1f} GiB, bf16 {est['bf16']['gib']:6.1f} GiB", flush=True)
-    return rows
-
-
-def check_values(model_name, task, phase):
-    """The tiny preset's settings at CHECK_SIZE (DLR N = 256; S4 keeps its N = 64) for a check's small model."""
-    return {**train.preset_values("tiny", model_name, task, phase == "spt"), **CHECK_SIZE,
-            **({} if model_name == "s4" else dict(d_state=256))}
-
-
-def memory_growth(cases):
-    """The real side of a check, in this process: for each (model, task, phase, precision, B, lengths) of `cases` and
-    each length, the growth of the resident set over one training step (forward, backward, AdamW), MiB. A first step
-    at L = 32 loads the libraries and makes AdamW's state: what grows later is what the estimate's `step` counts."""
-    grown = []
-    for model_name, task, phase, precision, B, lengths in cases:
-        torch.manual_seed(0)
-        values = check_values(model_name, task, phase)
-        model = training_case(model_name, task, values, phase, B, 32)[0]()
-        opt = torch.optim.AdamW(model.parameters())
-        for L in [32, *lengths]:
-            forward, before = training_case(model_name, task, values, phase, B, L)[1], memory_mib("cpu", "now", True)
-            with autocast(precision):
-                loss = forward(model)
-            loss.backward()
-            del loss
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            grown += [memory_mib("cpu", "peak") - before] if L != 32 else []
-    return grown
-
-
-def measure_memory(cases):
-    """memory_growth(cases) in a fresh process with one thread, where large allocations each get their own mmap
-    (MALLOC_MMAP_THRESHOLD_): freed memory leaves the resident set at once, so its peak is the peak of live memory."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    code = "import bench, json, sys; print(json.dumps(bench.memory_growth(json.load(sys.stdin))))"
-    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases), env=env, capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent)
-    if out.returncode:
-        raise RuntimeError(f"memory measurement failed: {out.stderr.strip()[-800:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def memory_check(cases=CHECKS):
-    """Estimate vs measurement for each case and length: rows with est_mib and measured_mib."""
-    measured = iter(measure_memory(cases))
-    return [dict(model=m, task=t, phase=p, precision=pr, B=B, L=L, measured_mib=next(measured),
-                 est_mib=training_memory(m, t, check_values(m, t, p), p, B, L, pr)["step"] / 2**20)
-            for m, t, p, pr, B, lengths in cases for L in lengths]
 
 
 # ---- speed: one layer at growing length, whole training steps -------------------------------------------------------
@@ -413,6 +230,217 @@ def train_step(model_name, preset, args):
     return row
 
 
+# ---- the GPU check: layers, short --preset paper runs, the paper's first claim in miniature -------------------------
+
+class OutOfTime(BaseException):   # as KeyboardInterrupt: no `except Exception` in train.py turns it into another error
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+    """Raise OutOfTime inside the block once `seconds` have passed (SIGALRM: Unix, main thread)."""
+    def stop(signum, frame):
+        raise OutOfTime(f"stopped after {seconds:.0f} s: the --minutes budget is spent")
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def attempt(fn, need_s, left_s):
+    """fn() -> dict, with status "ok" and its seconds; "skipped" (and why) if the predicted need_s exceeds left_s;
+    "error" (the traceback's end) if it fails or runs past left_s. A failed part never stops the check."""
+    if need_s > left_s:
+        return dict(status="skipped", reason=f"needs ~{need_s:.0f} s, {max(left_s, 0):.0f} s of --minutes left")
+    t0 = time.time()
+    try:
+        with time_limit(left_s):
+            return dict(fn(), status="ok", seconds=time.time() - t0)
+    except (Exception, SystemExit, OutOfTime):       # SystemExit: train.py's one-line error, printed above
+        return dict(status="error", error=traceback.format_exc(limit=-3)[-1500:], seconds=time.time() - t0)
+
+
+def n_images(max_train, max_eval):
+    """Images to generate for max_train training and max_eval val / test examples (80/10/10 splits)."""
+    return max(math.ceil(max_train / 0.8), 10 * max_eval, 20)
+
+
+def make_images(task, root, n):
+    """n hard Pathfinder / PathX images under root, the release layout, on every core (train.py's --generate makes
+    batches of 1,000, one per process: few processes for a few thousand images) -> images per second."""
+    t0, cores = time.time(), os.cpu_count() or 1
+    pathfinder.generate_pathfinder(root, res=lra_data.TASKS[task].side, n=n, workers=cores, per_batch=-(-n // cores),
+                                   contour_length=pathfinder.DIFFICULTIES["hard"].contour_length, seed=0)
+    return dict(images=n, images_per_s=n / (time.time() - t0))
+
+
+def run_flags(model, task, args, scale, where, steps, epochs, max_eval, spt=False):
+    """train.py's flags of one check run (where: data folder, run folder, its images): --preset paper on generated
+    images, steps/epochs batches an epoch, evaluated after each; --spt: as many SPT epochs first -> (flags, values)."""
+    values = {**train.preset_values("paper", model, task, spt), **scale["size"]}
+    batch = scale["batch"] or values["batch_size"]
+    flags = ["--preset", "paper", "--model", model, "--task", task, "--device", args.device, "--data-dir", where[0],
+             "--max-train", steps // epochs * batch, "--max-eval", max_eval, "--epochs", epochs, "--pretrain-epochs",
+             epochs, "--eval-every", 1, "--out", where[1], "--generate", where[2]]
+    flags += [x for k, v in scale["size"].items() for x in (f"--{k.replace('_', '-')}", v)]
+    flags += ["--batch-size", batch, "--pretrain-batch-size", batch] * bool(scale["batch"]) + ["--spt"] * spt
+    return [str(f) for f in flags], values
+
+
+def paper_run(model, task, args, scale, where, steps, epochs, max_eval, spt=False):
+    """train.main(run_flags(...)) in this process -> speed (from the first to the last evaluation: the first epoch
+    pays one-time costs), peak memory (CUDA's allocator, else the resident set's) and memory.py's estimate, precision,
+    batch, accum_steps, the log.jsonl records and val_acc curve, test accuracy."""
+    flags, values = run_flags(model, task, args, scale, where, steps, epochs, max_eval, spt)
+    device = "cuda" if args.device.startswith("cuda") else "cpu"
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    memory_mib(device, "now", reset=True)
+    res = train.main(flags)
+    peak, run_dir = memory_mib(device, "peak"), Path(res["run_dir"])
+    run = json.loads((run_dir / "config.json").read_text())["args"]
+    records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    ft = [r for r in records if r.get("phase") == "finetune"]
+    s = (ft[-1]["elapsed_s"] - ft[0]["elapsed_s"]) / (ft[-1]["step"] - ft[0]["step"])
+    micro, spec = -(-run["batch_size"] // run["accum_steps"]), lra_data.TASKS[task]
+    est = memory.training_memory(model, task, values, "finetune", micro, spec.max_len, run["precision"])["peak"]
+    return dict(precision=run["precision"], batch=run["batch_size"], accum_steps=run["accum_steps"],
+                steps=ft[-1]["step"], ms_per_step=1e3 * s, tokens_per_s=run["batch_size"] * spec.max_len / s,
+                peak_mib=peak, est_peak_mib=est / 2**20, wall_s=res["wall_time_s"]["total"], test_acc=res["test_acc"],
+                fixed_s=res["wall_time_s"]["total"] - (ft[-1]["step"] - ft[0]["step"]) * s, records=records,
+                curve=[[r["step"], r["val_acc"]] for r in ft])
+
+
+def check_runs(args, scale, work, t_end):
+    """Part 2: each model fine-tuned from scratch on Pathfinder, then on PathX; the first run of a task makes its
+    images. A PathX run's time is predicted from the model's Pathfinder run (time per step × 16: L is 16 × longer), a
+    Pathfinder run's is scale["run_s"]."""
+    data, runs = {}, []
+    for task in RUN_TASKS:
+        batch = max(scale["batch"] or train.preset_values("paper", m, task, False)["batch_size"] for m in train.MODELS)
+        n = n_images(scale["steps"] // scale["epochs"] * batch, scale["max_eval"])
+        for model in train.MODELS:
+            if (model, task) in scale.get("skip", {}):
+                runs.append(dict(model=model, task=task, status="skipped", reason=scale["skip"][model, task]))
+                continue
+            pf = next((r for r in runs if r["model"] == model and r["status"] == "ok"), None)
+            need = scale["run_s"] if pf is None else pf["fixed_s"] + scale["steps"] * pf["ms_per_step"] / 1e3 * \
+                lra_data.TASKS[task].max_len / lra_data.TASKS["pathfinder"].max_len
+            where, sizes = (work / task, work / f"runs-{model}-{task}", n), (scale["steps"], scale["epochs"])
+
+            def run():
+                data[task] = data.get(task) or make_images(task, work / task, n)
+                return paper_run(model, task, args, scale, where, *sizes, scale["max_eval"])
+            runs.append(dict(model=model, task=task, **attempt(run, need, t_end - time.time() - scale["reserve_s"])))
+    states = {r["status"] for r in runs}
+    status = "error" if "error" in states else "ok" if "ok" in states else "skipped"
+    return dict(status=status, steps=scale["steps"], epochs=scale["epochs"], data=data, runs=runs)
+
+
+def claim_steps(left_s, run, images_per_s, scale):
+    """Fine-tuning steps F of part 3 in left_s seconds, from part 2's Transformer run on Pathfinder: TFS runs F steps,
+    SPT F SPT steps then F (3F in all at that run's time per step), each run pays its fixed costs (start-up, first
+    epoch, test), the training images are generated first; 80 % of it, whole epochs, at most max_claim_steps."""
+    E = scale["claim_epochs"]
+    per_step = 3 * run["ms_per_step"] / 1e3 + run["batch"] / (0.8 * E * images_per_s)
+    return max(0, min(scale["max_claim_steps"], int((0.8 * left_s - 2 * run["fixed_s"]) / per_step)) // E * E)
+
+
+def check_claim(args, scale, work, t_end, part2):
+    """Part 3: the --preset paper Transformer on Pathfinder, from scratch and after masked SPT, for the same
+    fine-tuning steps; both validation-accuracy curves, and the first step each reaches val_acc ≥ CHANCE_PLUS."""
+    run = next((r for r in part2["runs"] if (r["model"], r["task"]) == ("transformer", "pathfinder")), {})
+    if run.get("status") != "ok":
+        return dict(status="skipped", reason="needs part 2's Transformer run on Pathfinder (its time per step)")
+    E = scale["claim_epochs"]
+    F = claim_steps(t_end - time.time(), run, part2["data"]["pathfinder"]["images_per_s"], scale)
+    if F < scale["min_claim_steps"]:
+        return dict(status="skipped", reason=f"{t_end - time.time():.0f} s of --minutes left: {F} steps < "
+                    f"{scale['min_claim_steps']}")
+
+    def both():
+        n = n_images(F // E * run["batch"], scale["claim_eval"])
+        claim = dict(steps=F, epochs=E, data=make_images("pathfinder", work / "claim", n))
+        for kind in ("tfs", "spt"):
+            where = (work / "claim", work / f"claim-{kind}", n)
+            claim[kind] = paper_run("transformer", "pathfinder", args, scale, where, F, E, scale["claim_eval"],
+                                    spt=kind == "spt")
+            claim[kind]["first_step_over"] = next((s for s, acc in claim[kind]["curve"] if acc >= CHANCE_PLUS), None)
+        return claim
+    return attempt(both, 0, t_end - time.time())
+
+
+def gpu_check(args, argv):
+    """--gpu-check: three parts in order, each skipped (saying so) when the --minutes left do not allow it, each
+    recording its error and the check going on if it fails; one JSON per part + summary.md in --out-dir.
+    1. layers: bench.py's --quick speed path (L = 2,048 / 4,096 / 8,192, H = 128; 60 s guessed before it runs).
+    2. paper_runs: each model with --preset paper (its width, depth, batch, lr, precision) fine-tuned from scratch on
+       Pathfinder, then PathX, 200 steps in 5 epochs (5 evaluations on 256 val examples) on freshly generated images
+       (the same examples every epoch: this measures the machine, not the method). Held back: 180 s for part 3.
+    3. spt_claim: the paper's first claim in miniature (Amos et al.: the Transformer on Pathfinder reaches 71 % from
+       scratch and 94 % with SPT, and leaves chance sooner): the same F fine-tuning steps in 10 epochs, from scratch
+       and after F masked-SPT steps, F from the minutes left at part 2's measured time per step (claim_steps), at least
+       500. The preset's 2,500 warm-up steps stay: a short run is mostly warm-up.
+    --check-scale tiny: the same path at width 16, one layer, batch 2, a few steps and images (a CPU test)."""
+    t0, scale, machine = time.time(), CHECK_SCALES[args.check_scale], machine_info(argv, args)
+    t_end, layer_args = t0 + 60 * args.minutes, parse_args(scale["layers"] + ["--device", args.device])
+    folder = ("" if args.device.startswith("cuda") else "cpu-") + re.sub(r"[^A-Za-z0-9._]+", "-", machine["cpu"])
+    out = Path(args.out_dir or Path(__file__).resolve().parent / "results" / "gpu" / folder.strip("-"))
+    out.mkdir(parents=True, exist_ok=True)
+    parts = {}
+
+    def save(name, part):                            # each JSON as soon as its part ends: a killed check keeps them
+        parts[name] = part
+        (out / f"{name}.json").write_text(json.dumps(dict(machine=machine, scale=args.check_scale, **part), indent=1))
+
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
+        save("layers", attempt(lambda: speed(layer_args), scale["layers_s"], t_end - time.time() - scale["reserve_s"]))
+        save("paper_runs", check_runs(args, scale, Path(work), t_end))
+        save("spt_claim", check_claim(args, scale, Path(work), t_end, parts["paper_runs"]))
+    done = [("layers", parts["layers"]), ("spt_claim", parts["spt_claim"]),
+            *((f"{r['model']}/{r['task']}", r) for r in parts["paper_runs"]["runs"])]
+    failed = [name for name, part in done if part["status"] == "error"]
+    text = "\n".join(summary_lines(machine, args, layer_args, parts, done, time.time() - t0))
+    (out / "summary.md").write_text(text + "\n")
+    print(text + (f"\nFAILED: {', '.join(failed)}" if failed else ""))
+    return dict(out_dir=str(out), parts=parts, failed=failed)
+
+
+def summary_lines(machine, args, layer_args, parts, done, seconds):
+    """summary.md: measured numbers only, the device, torch, commit and command first, then what was not done."""
+    lines = [f"# bench.py --gpu-check: {machine['cpu']}", "", f"device {machine['cpu']} ({args.device}, "
+             f"{machine['cores']} CPU cores) | torch {machine['torch']} | commit {machine['commit']} | "
+             f"`{machine['command']}` | scale {args.check_scale} | {seconds / 60:.1f} of {args.minutes:g} min", ""]
+    lines += [f"- {name}: {p['status']}: {p.get('reason') or p['error'].strip().splitlines()[-1]}"
+              for name, p in done if p["status"] != "ok"]
+    if parts["layers"]["status"] == "ok":
+        lines += ["", "## 1. one layer, forward + backward", "", *speed_lines(parts["layers"], layer_args)]
+    runs = [r for r in parts["paper_runs"]["runs"] if r["status"] == "ok"]
+    data = parts["paper_runs"]["data"]
+    images = ", ".join(f"{task} {d['images']} at {d['images_per_s']:.0f}/s" for task, d in data.items()) or "none"
+    lines += ["", f"## 2. --preset paper, from scratch, {parts['paper_runs']['steps']} steps on generated images", "",
+              f"images generated: {images}. ms / step: from the first to the last evaluation (evaluations included). "
+              f"peak: {'torch.cuda.max_memory_allocated' if args.device.startswith('cuda') else 'resident set (VmHWM)'}"
+              " over the run; est.: memory.py's estimate of one training step", ""]
+    lines += table(["model", "task", "precision", "batch", "accum_steps", "ms / step", "tokens/s", "peak MiB",
+                    "est. peak MiB", "last val_acc", "test_acc", "wall s"],
+                   [[r["model"], r["task"], r["precision"], r["batch"], r["accum_steps"], f"{r['ms_per_step']:.1f}",
+                     f"{r['tokens_per_s']:.0f}", f"{r['peak_mib']:.0f}", f"{r['est_peak_mib']:.0f}",
+                     f"{r['curve'][-1][1]:.3f}", f"{r['test_acc']:.3f}", f"{r['wall_s']:.0f}"] for r in runs])
+    claim = parts["spt_claim"]
+    if claim["status"] == "ok":
+        lines += ["", f"## 3. Transformer on Pathfinder: val_acc after the same {claim['steps']} fine-tuning steps", ""]
+        lines += table(["fine-tuning step", "from scratch", "after SPT"], [[a[0], f"{a[1]:.3f}", f"{b[1]:.3f}"]
+                       for a, b in zip(claim["tfs"]["curve"], claim["spt"]["curve"])])
+        lines += ["", *(f"{kind}: first step with val_acc ≥ {CHANCE_PLUS}: {claim[kind]['first_step_over'] or 'none'}"
+                        f"; test_acc {claim[kind]['test_acc']:.3f}; {claim[kind]['wall_s']:.0f} s" for kind in claim
+                        if kind in ("tfs", "spt"))]
+    return lines
+
+
 # ---- the report: machine, tables ------------------------------------------------------------------------------------
 
 def machine_info(argv, args):
@@ -420,15 +448,10 @@ def machine_info(argv, args):
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     git = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parent)
-    return dict(cpu=torch.cuda.get_device_name() if args.device == "cuda" else cpu, cores=os.cpu_count(),
+    return dict(cpu=torch.cuda.get_device_name() if args.device.startswith("cuda") else cpu, cores=os.cpu_count(),
                 torch_threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), load=[round(x, 2) for x in os.getloadavg()],
                 torch=torch.__version__, commit=git.stdout.strip() or "?", command=" ".join(["python bench.py", *argv]))
-
-
-def table(header, rows):
-    """Markdown table lines (readable in a terminal too)."""
-    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(map(str, r))} |" for r in rows)]
 
 
 def report(res, args):
@@ -437,7 +460,7 @@ def report(res, args):
              f"{m['omp_num_threads']}, OMP_WAIT_POLICY={m['omp_wait_policy']}), load average "
              f"{' / '.join(map(str, m['load']))} (1 / 5 / 15 min) at start; torch {m['torch']}; commit {m['commit']}; "
              f"`{m['command']}`; run time {res['seconds']:.0f} s", ""]
-    return "\n".join(lines + (memory_lines(res) if args.memory else speed_lines(res, args)))
+    return "\n".join(lines + (memory.memory_lines(res) if args.memory else speed_lines(res, args)))
 
 
 def speed_lines(res, args):
@@ -467,39 +490,22 @@ def speed_lines(res, args):
     return lines
 
 
-def memory_lines(res):
-    yes = lambda ok: "yes" if ok else "NO"  # noqa: E731
-    lines = ["Peak memory of one --preset paper training step at the task's full length, estimated: 4 × parameter "
-             "bytes (weights, gradients, AdamW) + the most bytes live at once in forward + backward, counted on fake "
-             "tensors. bf16 = autocast (matmuls, attention in bf16; SSM kernels and FFT convolutions in fp32). "
-             "micro-batch = ⌈batch / accum_steps⌉; fine-tuning: the larger of TFS's and after-SPT's. fits = ≤ "
-             f"{HEADROOM:.0%} of {GPU_GIB} GiB. Last column: the smallest power-of-two accum_steps that fits in "
-             "bf16.", ""]
-    lines += table(["model", "task", "phase", "params", "L", "batch", "accum_steps", "micro-batch", "fp32 GiB",
-                    "bf16 GiB", "fits 80 GB fp32 / bf16", "accum_steps to fit (bf16)"],
-                   [[r["model"], r["task"], r["phase"], f"{r['n_params']:,}", r["L"], r["batch"], r["accum_steps"],
-                     r["micro_batch"], f"{r['fp32_gib']:.1f}", f"{r['bf16_gib']:.1f}",
-                     f"{yes(r['fp32_fits'])} / {yes(r['bf16_fits'])}", r["accum_to_fit"] or "not even at 1 example"]
-                    for r in res["memory"]])
-    lines += ["", f"check: the estimate vs a real training step on this CPU (fresh process, one thread), memory above "
-              f"weights + AdamW state; sizes {CHECK_SIZE}, DLR N = 256, S4 N = 64:", ""]
-    lines += table(["model", "task", "phase", "precision", "B", "L", "estimated MiB", "measured MiB", "est./measured"],
-                   [[r["model"], r["task"], r["phase"], r["precision"], r["B"], r["L"], f"{r['est_mib']:.1f}",
-                     f"{r['measured_mib']:.1f}", f"{r['est_mib'] / r['measured_mib']:.3f}"] for r in res["check"]])
-    return lines
+def speed(args):
+    """The speed measurements: the machine's matmul, each layer at each length, the exponents, training steps."""
+    res = dict(matmul_gflops=matmul_gflops(args), layers=layer_table(args))
+    res["exponents"] = {name: fit_exponent(res["layers"], name, args.fit_from) for name in args.models}
+    res["train"] = [train_step(name, preset, args) for preset in args.presets for name in train.MODELS]
+    return res
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args, t0 = parse_args(argv), time.perf_counter()
+    if args.gpu_check:
+        return gpu_check(args, argv)
     res = dict(args=vars(args), machine=machine_info(argv, args))
     print(f"bench: {res['machine']}\n  {vars(args)}", flush=True)
-    if args.memory:
-        res["memory"], res["check"] = memory_table(), memory_check()
-    else:
-        res["matmul_gflops"], res["layers"] = matmul_gflops(args), layer_table(args)
-        res["exponents"] = {name: fit_exponent(res["layers"], name, args.fit_from) for name in args.models}
-        res["train"] = [train_step(name, preset, args) for preset in args.presets for name in train.MODELS]
+    res.update(dict(memory=memory.memory_table(), check=memory.memory_check()) if args.memory else speed(args))
     res["seconds"] = time.perf_counter() - t0
     text = report(res, args)
     print(text)
@@ -511,4 +517,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if main().get("failed") else 0)

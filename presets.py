@@ -77,10 +77,11 @@ TRANSFORMER_CONFIG = {"listops": (100, 100, 2000), "text": (65, 32, 5000), "retr
                       "pathx256": (200, 200, 5000)}                                # PathX-256: PathX's (no config)
 SPT_EPOCHS = {("s4", "listops"): 100}       # the authors' S4 SPT config; elsewhere SPT gets the fine-tuning epochs
 PAPER_GENERATE = {"listops": 100_000, "pathfinder": 200_000, "pathx": 200_000, "pathx256": 200_000}  # LRA's sizes
-# (model, task, phase) -> micro-batches per step where the paper batch does not fit 80 GB at once (bf16, 10 % headroom;
-# memory.py's estimate, results/memory.md): the effective batch stays the paper's
-ACCUM_STEPS = {("s4", "retrieval", "finetune"): 2, ("dlr", "retrieval", "finetune"): 2,
-               ("s4", "pathx256", "finetune"): 4, ("dlr", "pathx256", "finetune"): 4}
+# (model, task, phase) -> the largest micro-batch that fits 80 GB in bf16 with 10 % headroom (memory.py's estimate,
+# results/memory.md); a larger paper batch is split into micro-batches (accum_steps): the same update, except that
+# BatchNorm (S4 here) normalises each micro-batch with its own statistics, as it does each DDP process's rows
+MAX_MICRO_BATCH = {("s4", "retrieval", "finetune"): 128, ("dlr", "retrieval", "finetune"): 128,
+                   ("s4", "pathx256", "finetune"): 16, ("dlr", "pathx256", "finetune"): 16}
 
 
 def ssm_row(model, task, spt, s4_batch):
@@ -124,8 +125,9 @@ def paper_values(model, task, spt):
         sources.update(dict.fromkeys(per_phase, source))
         values["pretrain_epochs"] = SPT_EPOCHS.get((model, task), values["epochs"])
         sources["pretrain_epochs"] = "authors' S4 SPT config" if (model, task) in SPT_EPOCHS else "= fine-tuning epochs"
-    values["accum_steps"] = ACCUM_STEPS.get((model, task, "finetune"), 1)
-    values["pretrain_accum_steps"] = ACCUM_STEPS.get((model, task, "spt"), 1)
+    for phase, batch, accum in (("finetune", "batch_size", "accum_steps"), ("spt", "pretrain_batch_size",
+                                                                            "pretrain_accum_steps")):
+        values[accum] = -(-values[batch] // MAX_MICRO_BATCH.get((model, task, phase), values[batch]))
     sources.update(accum_steps="ours (fits 80 GB)", pretrain_accum_steps="ours (fits 80 GB)")
     return values, sources
 
@@ -256,8 +258,10 @@ def check_flags(args, config_kw):
                          "values) have none: use --objective masked or span on image")
     if args.spt and args.init_from:
         raise ValueError("--init-from already supplies a pre-trained backbone: drop --spt (or --init-from)")
-    if args.init_from and not Path(args.init_from).is_file():
+    if args.init_from and not args.resume and not Path(args.init_from).is_file():   # resume: last.pt has it all
         raise ValueError(f"--init-from {args.init_from}: no such checkpoint file")
+    if args.cache_dir and Path(args.cache_dir).exists() and not Path(args.cache_dir).is_dir():
+        raise ValueError(f"--cache-dir {args.cache_dir} is a file, not a folder: pass a folder for the cache")
     if args.max_len is not None and (args.task not in ("text", "retrieval") or not 2 <= args.max_len <= task.max_len):
         raise ValueError(f"--max-len {args.max_len}: only text and retrieval documents can be cut, to "
                          f"2..{task.max_len} tokens (ListOps answers need the whole expression; pixel tasks have a "
@@ -276,3 +280,30 @@ def check_flags(args, config_kw):
         raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, --dropout, "
                          f"--gen-width, --gen-layers or the preset)") from None
 
+
+
+# ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------------------------
+
+def paper_table():
+    """Markdown rows: every `--preset paper` value that differs by run (model, task, TFS / SPT), with its source."""
+    keys = ["lr", "pretrain_lr", "batch_size", "pretrain_batch_size", "accum_steps", "pretrain_accum_steps", "epochs",
+            "pretrain_epochs", "warmup", "weight_decay"]
+    rows = ["| model | task | run | " + " | ".join(keys) + " | sources |", "|---" * (len(keys) + 4) + "|"]
+    for model in MODELS:
+        for task in lra_data.TASKS:
+            for spt in ((False,) if model == "transformer" else (False, True)):
+                values, sources = paper_values(model, task, spt)
+                by_source = {}                                         # source -> the keys it gave
+                for k in keys:
+                    by_source.setdefault(sources[k], []).append(k)
+                cited = "; ".join(f"{source}: {', '.join(ks)}" for source, ks in by_source.items())
+                run = "TFS and SPT" if model == "transformer" else ("SPT" if spt else "TFS")
+                rows.append(f"| {model} | {task} | {run} | " + " | ".join(f"{values[k]:g}" for k in keys) +
+                            f" | {cited} |")
+    return rows
+
+
+if __name__ == "__main__":
+    print("\n".join(["# `--preset paper`: every value and its source", "",
+                     "Written by `python presets.py > results/paper_presets.md` (tests/test_paper_presets.py checks "
+                     "that it is current). Sizes: README, \"Paper-preset model sizes\".", "", *paper_table()]))

@@ -52,23 +52,30 @@ def log(run_dir, line, record=None):
 
 
 @contextlib.contextmanager
-def file_lock(path, busy):
-    """Hold an exclusive lock on `path` (created if absent) for the block; the OS drops it when the process dies, so a
-    killed run never leaves a stale lock. busy: the one-line error if another process holds it (None: wait for it).
-    Without fcntl (Windows) there is no lock."""
+def file_lock(path):
+    """Wait for an exclusive lock on `path` (created if absent) and hold it for the block; the OS drops it when the
+    process dies, so a killed run never leaves a stale lock. Without fcntl (Windows) there is no lock."""
     if fcntl is None:
         yield
         return
     with open(path, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | (fcntl.LOCK_NB if busy else 0))
-        except BlockingIOError:
-            fail(busy)
-        try:
-            yield
-        finally:
-            if busy:                                                     # a run's own lock goes with the run
-                Path(path).unlink(missing_ok=True)
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def hold_lock(folder):
+    """Lock run folder `folder` for this process (rank 0): an open file with an exclusive flock, released when it is
+    closed or the process dies (never stale); or exit in one line if another train.py holds it. None without fcntl
+    (Windows: no lock) or on ranks > 0."""
+    if fcntl is None or rank_and_world()[0] > 0 or int(os.environ.get("RANK", 0)) > 0:
+        return None
+    f = open(Path(folder) / ".lock", "a")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        fail(f"{folder} is in use by another train.py (the run itself or a --resume of it); wait until it stops")
+    return f
 
 
 def git_commit():
@@ -182,10 +189,11 @@ def loader(dataset, batch_size, args, device, order=None):
     sees few shapes): in a new seeded order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory,
     persistent workers that prefetch."""
     workers, cuda = args.workers, device.type == "cuda"
+    seeds = torch.Generator().manual_seed(args.seed + 4)   # its worker seeds: not from the global (dropout) RNG
     return torch.utils.data.DataLoader(dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
                                        collate_fn=collate_bucketed if args.compile else lra_data.collate,
                                        num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0,
-                                       prefetch_factor=4 if workers > 0 else None)
+                                       prefetch_factor=4 if workers > 0 else None, generator=seeds)
 
 
 def collate_bucketed(batch):
@@ -193,6 +201,47 @@ def collate_bucketed(batch):
     x, lengths, y = lra_data.collate(batch)
     L = x.size(-1)
     return F.pad(x, (0, (1 << (L - 1).bit_length()) - L), value=lra_data.PAD), lengths, y
+
+
+# ---- what a run prints first and last ----------------------------------------------------------------------
+
+def startup_lines(args, how, notes, device, world, threads, splits, source, data_notes, classifier, meta, t_data):
+    """What the run prints first (and log.txt keeps): preset, plan, device, every setting, data, model, sizes."""
+    plan = (f"SPT {args.objective}{f' (mask ratio {args.mask_ratio})' if args.objective == 'masked' else ''}, "
+            f"then fine-tune" if args.spt else f"fine-tune from {args.init_from}" if args.init_from
+            else "from scratch (TFS)")
+    extras = f"{f' × {world} processes (DDP)' if world > 1 else ''} | precision {args.precision}" + \
+        (" + torch.compile" if args.compile else "")
+    n_backbone = sum(p.numel() for p in classifier.backbone.parameters())
+    n_head = sum(p.numel() for p in classifier.head.parameters())
+    sizes = " / ".join(f"{split} {len(splits[split]):,}" for split in ("train", "val", "test"))
+    return [f"preset {args.preset} ({how}); explicit flags override it", *notes,
+            f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
+            f"device {device}{extras} | torch {torch.__version__} | {threads['torch_threads']} threads | "
+            f"git {git_commit()}",
+            "settings: " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
+            f"data: {source} | {sizes} | {t_data:.1f} s", *(f"data note: {n}" for n in data_notes),
+            f"model {type(classifier.backbone).__name__}({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
+            f"params: backbone {n_backbone:,} + classifier head {n_head:,} = {n_backbone + n_head:,}"]
+
+
+def stopped_by_ctrl_c(run_dir, where):
+    """One line instead of a KeyboardInterrupt traceback: where the run stopped, what is saved, how to go on."""
+    last = read_checkpoint(run_dir / "last.pt") if (run_dir / "last.pt").is_file() else None
+    saved = f"last.pt holds {last['phase']} epoch {last['epoch']}" if last else "no checkpoint yet"
+    then = f"continue with: python train.py --resume {run_dir}" if last else "start the run again"
+    print(f"train.py: stopped by Ctrl-C at {where}; {saved}; {then}", file=sys.stderr)
+    raise SystemExit(130)
+
+
+def write_results(run_dir, results):
+    """results.json (rank 0) and the last log line."""
+    if rank_and_world()[0] == 0:
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    seconds = results["wall_time_s"]
+    phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
+    log(run_dir, f"done in {seconds['total'] / 60:.1f} min ({phases}): {run_dir}",
+        {"phase": "done", "wall_time_s": seconds})
 
 
 # ---- checkpoints and resume ---------------------------------------------------------------------------------------
@@ -241,10 +290,18 @@ RESUME_MAY_CHANGE = {"resume", "device", "workers"}    # settings a resumed run 
 
 
 def resume_settings(args, given, defaults):
-    """--resume DIR: (the run's own settings, its last.pt), or exits: finished run (status 0, results.json untouched),
-    no or damaged last.pt, or flags that would change the run (status 2)."""
+    """--resume DIR: (the run's own settings, its last.pt, the folder's lock, held from here on, so that what is
+    checked here stays true), or exits: finished run (status 0, results.json untouched), no or damaged last.pt,
+    flags that would change the run, a folder in use (status 2)."""
     folder = Path(args.resume)
-    if (folder / "results.json").is_file():
+    if not folder.is_dir():
+        fail(f"--resume {folder}: no such run folder")
+    finished = lambda: (folder / "results.json").is_file()
+    lock = None if finished() else hold_lock(folder)                    # then nothing can finish it behind our back
+    if finished():
+        if lock is not None:
+            (folder / ".lock").unlink(missing_ok=True)
+            lock.close()
         print(f"train.py: {folder} has finished (results.json is there); nothing to resume, nothing changed")
         raise SystemExit(0)
     if not (folder / "last.pt").is_file():
@@ -270,14 +327,15 @@ def resume_settings(args, given, defaults):
              f"and RNG states belong to that device type; --device may pick another device of that type)")
     saved = {**defaults, **ck["args"]}                          # flags newer than the checkpoint: their defaults
     saved["pretrain_batch_size"] = saved.get("pretrain_batch_size") or saved["batch_size"]
-    return argparse.Namespace(**{**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE}}), ck
+    return argparse.Namespace(**{**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE}}), ck, lock
 
 
 @contextlib.contextmanager
-def run_folder(args, meta, lines):
+def run_folder(args, meta, lines, lock=None):
     """Hold the run folder for the block: a new runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/ with config.json
-    (DDP: rank 0 names and creates it, all use it), or the --resume folder. Rank 0 holds its lock for the whole block,
-    so a second train.py on one folder stops in one line before writing anything; then log.txt gets `lines`."""
+    (DDP: rank 0 names and creates it, all use it), or the --resume folder, whose `lock` resume_settings took. Rank 0
+    holds its lock for the whole block, so a second train.py on one folder stops in one line before writing anything;
+    then log.txt gets `lines`."""
     rank, world = rank_and_world()
     if args.resume:
         folder = Path(args.resume)
@@ -296,9 +354,13 @@ def run_folder(args, meta, lines):
             folder.mkdir(parents=True)
         except OSError as e:                                             # read-only file system, no permission, ...
             fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); pass a writable folder")
+        lock = hold_lock(folder)
         (folder / "config.json").write_text(json.dumps(meta, indent=2))
-    busy = f"{folder} is in use by another train.py (the run itself or a --resume of it); wait until it stops"
-    with file_lock(folder / ".lock", busy) if rank == 0 else contextlib.nullcontext():
+    try:
         for line in lines:
             log(folder, line)
         yield folder
+    finally:
+        if lock is not None:                                             # a run's own lock goes with the run
+            (folder / ".lock").unlink(missing_ok=True)
+            lock.close()

@@ -11,6 +11,7 @@ Check: tests/test_train.py (every model with and without --spt, checkpoints, one
 tests/test_robustness.py (DDP equals 1 process, exact resume, NaN guard, every bad input, --compile, memory).
 """
 import argparse
+import contextlib
 import dataclasses
 import gc
 import hashlib
@@ -30,19 +31,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
-import contextlib  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import denoise  # noqa: E402
 import lra_data  # noqa: E402
-from heads import (Batch, Classifier, Denoiser, add, batch_loss, build_model, clean_input,  # noqa: E402,F401
-                   finetune_inputs, load_backbone, load_model, metrics, model_input, n_outputs, pool,
-                   read_checkpoint_for_init, spt_inputs, statistics)
-from presets import MODELS, apply_presets, check_flags, model_config, preset_values  # noqa: E402,F401 (train.MODELS)
+from heads import (add, batch_loss, build_model, finetune_inputs, load_backbone, metrics, n_outputs,  # noqa: E402
+                   read_checkpoint_for_init, spt_inputs)
+from heads import load_model  # noqa: E402,F401  (public: train.load_model(path) rebuilds any checkpoint)
+from presets import MODELS, apply_presets, check_flags  # noqa: E402
+from presets import model_config, preset_values  # noqa: E402,F401  (public: train.model_config, train.preset_values)
 from runs import (all_sum, fail, file_lock, git_commit, join_process_group, loader, log, precision,  # noqa: E402
                   rank_and_world, read_checkpoint, restore_training_state, resume_settings, run_folder,
-                  save_checkpoint, setup_device, shard, training_state)
+                  save_checkpoint, setup_device, shard, startup_lines, stopped_by_ctrl_c, training_state,
+                  write_results)
 
 
 # ---- optimiser and schedule ----------------------------------------------------------------------------------------
@@ -111,17 +113,18 @@ class Phase(NamedTuple):
     select: str             # the validation metric that picks it: "loss" (SPT) or "acc" (fine-tuning)
 
 
-def guard_step(model, loss, opt, scaler, record, step):
+def guard_step(model, bad_loss, opt, scaler, record, step):
     """The optimiser step behind a device-side guard: one fused reduction (torch._foreach_norm) over all gradients
     decides, on the device, whether this update is finite; a non-finite update is skipped inside the fused AdamW
     kernel (found_inf), so it never reaches the weights, and `record` keeps the first such [step, parameter index].
     fp16: overflowing gradients are the scaler's business (it skips and lowers its scale); only a non-finite loss is
-    an error. Nothing here reads a device value: check_finite does, once per progress interval."""
+    an error. bad_loss: a device bool, any micro-batch's loss was not finite. Nothing here reads a device value:
+    check_finite does, once per progress interval."""
     if scaler is not None:
         scaler.unscale_(opt)
     grads = [p.grad if p.grad is not None else p.new_zeros(()) for p in model.parameters() if p.requires_grad]
     finite = torch.isfinite(torch.stack(torch._foreach_norm(grads)))    # (P,) bool
-    error = ~torch.isfinite(loss.detach()) if scaler is not None else ~(finite.all() & torch.isfinite(loss.detach()))
+    error = bad_loss if scaler is not None else bad_loss | ~finite.all()
     first_bad = torch.where(finite.all(), -1, (~finite).int().argmax())   # index into the trained parameters
     update = torch.stack([step.float(), first_bad.float()])
     record.copy_(torch.where((record[0] < 0) & error, update, record))
@@ -136,6 +139,9 @@ def guard_step(model, loss, opt, scaler, record, step):
 def check_finite(record, model, phase):
     """Stop at a recorded non-finite update (read once per progress interval), naming its step and the first
     parameter whose gradient was not finite. The guard skipped it: weights and checkpoints so far are intact."""
+    if dist.is_initialized():                                            # any process's first bad step stops all
+        record = record.clone()
+        dist.all_reduce(record, op=dist.ReduceOp.MAX)
     step, index = record.tolist()
     if step < 0:
         return
@@ -166,11 +172,11 @@ def run_phase(phase, model, prepare, splits, args, run_dir, meta, resume=None):
     opt, sched, total = make_optimizer(phase, model, args, meta["config"].get("ssm_lr", phase.lr), len(splits["train"]))
     gens = {"order": torch.Generator().manual_seed(args.seed + 1),      # batch order, the same in TFS and SPT runs
             "mask": torch.Generator(device).manual_seed(args.seed + 2)}  # SPT masks, drawn on the device
+    _, amp, scaler = precision(args, device)
     best, step, done, before = {"name": f"val_{phase.select}", "value": None, "epoch": 0, "val": {}}, 0, 0, 0.0
     if resume is not None:
-        restore_training_state(resume, model, opt, sched, gens, device)
+        restore_training_state(resume, model, opt, sched, gens, device, scaler)
         best, step, done, before = resume["best"], resume["step"], resume["epoch"], resume["seconds"]
-    _, amp, scaler = precision(args, device)
     batches = loader(splits["train"], phase.batch_size, args, device, order=gens["order"])
     val_batches = loader(splits["val"], phase.batch_size, args, device)
     since_eval = {}                                                      # training statistics since the last evaluation
@@ -185,7 +191,10 @@ def run_phase(phase, model, prepare, splits, args, run_dir, meta, resume=None):
         since_eval = add(since_eval, train)
         if epoch % args.eval_every and epoch < phase.epochs and step < total:   # evaluate every k-th epoch and last
             continue
-        val = evaluate(forward, prepare, val_batches, args.seed + 3, amp)
+        try:
+            val = evaluate(forward, prepare, val_batches, args.seed + 3, amp)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"{phase.name} epoch {epoch}/{phase.epochs}, evaluation") from None
         score = (lambda r: -r["loss"]) if phase.select == "loss" else (lambda r: r["acc"])
         improved = best["epoch"] == 0 or score(val) > score(best["val"])
         if improved:
@@ -220,14 +229,14 @@ def train_epoch(desc, forward, model, prepare, batches, optimizer, mask_gen, ste
         for batch in bar:
             b = prepare(batch, gen=mask_gen)
             rows, keep = shard(len(b.weight))                            # this process's examples of the batch
-            parts = micro_batches(rows, accum)
+            parts, bad_loss = micro_batches(rows, accum), torch.zeros((), dtype=torch.bool, device=device)
             for i, part in enumerate(parts):
                 last = i == len(parts) - 1
                 with forward.no_sync() if world > 1 and not last else contextlib.nullcontext(), amp():
-                    loss, stats = batch_loss(forward, b, part, 1 / world)
+                    loss, stats = batch_loss(forward, b, part, world)   # DDP averages over processes
                 (scaler.scale(loss * keep) if scaler else loss * keep).backward()
-                train = add(train, stats, keep)
-            guard_step(model, loss, opt, scaler, record, step_t)
+                train, bad_loss = add(train, stats, keep), bad_loss | ~torch.isfinite(loss.detach())
+            guard_step(model, bad_loss, opt, scaler, record, step_t)
             opt.zero_grad(set_to_none=True)
             sched.step()
             step, step_t = step + 1, step_t + 1
@@ -339,18 +348,22 @@ def load_data(args):
     start, data_dir = time.time(), Path(args.data_dir).resolve()
     lock = Path(tempfile.gettempdir()) / f"lra-prepare-{hashlib.sha1(str(data_dir).encode()).hexdigest()[:12]}.lock"
     try:
-        with file_lock(lock, busy=None):                                 # the other processes wait here
+        with file_lock(lock):                                            # the other processes wait here
             splits = {split: lra_data.load(args.task, split, args.data_dir, generate=args.generate or None,
-                                           data_fraction=args.data_fraction if split == "train" else 1.0,
                                            difficulty=args.difficulty, cache_dir=args.cache_dir,
                                            workers=os.cpu_count() or 1, max_len=args.max_len)
                       for split in ("train", "val", "test")}
     except lra_data.DataError as e:
         fail(str(e))
+    except KeyboardInterrupt:                   # a half-built cache is removed by lra_data; no run folder exists yet
+        print("train.py: stopped by Ctrl-C while preparing the data; no run folder was made", file=sys.stderr)
+        raise SystemExit(130) from None
     notes = list(dict.fromkeys(n for s in splits.values() for n in getattr(s, "notes", [])))   # each note once
     source = getattr(splits["train"], "source", "unknown")
-    for split, cap in {"train": args.max_train, "val": args.max_eval, "test": args.max_eval}.items():
-        if cap and len(splits[split]) > cap:  # a fixed random subset (nested across sizes), not the first files on disk
+    n_train = max(1, round(args.data_fraction * len(splits["train"])))
+    caps = {"train": min(args.max_train or n_train, n_train), "val": args.max_eval, "test": args.max_eval}
+    for split, cap in caps.items():   # a prefix of one fixed permutation: smaller fractions and caps nest in larger
+        if cap and len(splits[split]) > cap:   # (lra_data's data_fraction draws the same permutation, seed 0)
             keep = torch.randperm(len(splits[split]), generator=torch.Generator().manual_seed(0))[:cap].sort().values
             splits[split] = torch.utils.data.Subset(splits[split], keep.tolist())
         if len(splits[split]) == 0:
@@ -387,7 +400,7 @@ def load_pretrained(classifier, args, run_dir, device, init_ck=None):
     state = ck["model"] if ck["head"]["kind"] != "rtd" else denoise.discriminator_backbone(ck["model"])
     try:
         dropped, new = load_backbone(classifier, state)
-        dropped = sorted(set(ck["model"]) - set(state) | set(dropped))   # rtd: the generator and both heads
+        dropped = sorted(k for k in ck["model"] if not k.startswith("backbone."))   # rtd: generator, both heads
     except RuntimeError as e:
         fail(f"loading the backbone of {path}: {str(e).splitlines()[0]}")
     log(run_dir, f"loaded backbone from {path} ({ck['phase']} epoch {ck['epoch']}, {ck['best']['name']} "
@@ -403,16 +416,17 @@ def test_best(classifier, args, splits, run_dir, device):
 
 
 def main(argv=None):
-    t_start = time.time()
     args, given, defaults = parse_flags(argv)
-    resume = None
-    if args.resume:
-        args, resume = resume_settings(args, given, defaults)            # the run's own settings and its last.pt
+    resume = lock = None
+    if args.resume:                                                      # the run's own settings, its last.pt, and
+        args, resume, lock = resume_settings(args, given, defaults)      # its lock, held until the run ends
     config_kw, notes = apply_presets(args)                               # preset first, then explicit flags win
     try:
         cfg = check_flags(args, config_kw)                               # every flag, before anything is written
     except ValueError as e:
         fail(str(e))
+    if resume:                                                           # the weights' own config, whatever the
+        cfg = type(cfg)(**resume["config"])                              # presets say today
     device, world = setup_device(args)                                   # also settles --precision and --workers
     splits, source, data_notes, t_data = load_data(args)                 # before any collective (DDP start-up)
     device = join_process_group(device, world)
@@ -433,8 +447,9 @@ def main(argv=None):
     if resume:
         lines.insert(0, f"resuming after {resume['phase']} epoch {resume['epoch']} (step {resume['step']})")
     run_meta = dict(meta, preset=args.preset, device=str(device), torch=torch.__version__, git=git_commit(),
-                    data_source=source, data_notes=data_notes, threads=threads, command=sys.argv)
-    with run_folder(args, run_meta, lines) as run_dir:
+                    data_source=source, data_notes=data_notes, threads=threads,
+                    command=sys.argv if argv is None else ["train.py", *argv])
+    with run_folder(args, run_meta, lines, lock) as run_dir:
         log(run_dir, f"run folder: {run_dir}")
         try:
             results = run_both_phases(args, cfg, meta, classifier, splits, run_dir, device, resume, init_ck)
@@ -443,51 +458,13 @@ def main(argv=None):
         results.update(params=sum(p.numel() for p in classifier.parameters()), n_train=len(splits["train"]),
                        data_source=source, data_notes=data_notes, preset=args.preset, device=str(device),
                        processes=world, threads=threads, run_dir=str(run_dir))
-        results["wall_time_s"] = {"data": t_data, **results["wall_time_s"], "total": time.time() - t_start}
+        seconds = {"data": t_data, **results["wall_time_s"]}
+        results["wall_time_s"] = {**seconds, "total": sum(seconds.values())}   # resumed: the phases' time before too
         write_results(run_dir, results)
     if world > 1:  # free the DDP wrappers (reference cycles) first: else gloo threads can outlive the group and
         gc.collect()   # abort the exit (SIGABRT, "terminate called without an active exception")
         dist.destroy_process_group()
     return results
-
-
-def stopped_by_ctrl_c(run_dir, where):
-    """One line instead of a KeyboardInterrupt traceback: where the run stopped, what is saved, how to go on."""
-    last = read_checkpoint(run_dir / "last.pt") if (run_dir / "last.pt").is_file() else None
-    saved = f"last.pt holds {last['phase']} epoch {last['epoch']}" if last else "no checkpoint yet"
-    then = f"continue with: python train.py --resume {run_dir}" if last else "start the run again"
-    print(f"train.py: stopped by Ctrl-C at {where}; {saved}; {then}", file=sys.stderr)
-    raise SystemExit(130)
-
-
-def write_results(run_dir, results):
-    """results.json (rank 0) and the last log line."""
-    if rank_and_world()[0] == 0:
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2))
-    seconds = results["wall_time_s"]
-    phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
-    log(run_dir, f"done in {seconds['total'] / 60:.1f} min ({phases}): {run_dir}",
-        {"phase": "done", "wall_time_s": seconds})
-
-
-def startup_lines(args, how, notes, device, world, threads, splits, source, data_notes, classifier, meta, t_data):
-    """What the run prints first (and log.txt keeps): preset, plan, device, every setting, data, model, sizes."""
-    plan = (f"SPT {args.objective}{f' (mask ratio {args.mask_ratio})' if args.objective == 'masked' else ''}, "
-            f"then fine-tune" if args.spt else f"fine-tune from {args.init_from}" if args.init_from
-            else "from scratch (TFS)")
-    extras = f"{f' × {world} processes (DDP)' if world > 1 else ''} | precision {args.precision}" + \
-        (" + torch.compile" if args.compile else "")
-    n_backbone = sum(p.numel() for p in classifier.backbone.parameters())
-    n_head = sum(p.numel() for p in classifier.head.parameters())
-    sizes = " / ".join(f"{split} {len(splits[split]):,}" for split in ("train", "val", "test"))
-    return [f"preset {args.preset} ({how}); explicit flags override it", *notes,
-            f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
-            f"device {device}{extras} | torch {torch.__version__} | {threads['torch_threads']} threads | "
-            f"git {git_commit()}",
-            "settings: " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
-            f"data: {source} | {sizes} | {t_data:.1f} s", *(f"data note: {n}" for n in data_notes),
-            f"model {type(classifier.backbone).__name__}({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
-            f"params: backbone {n_backbone:,} + classifier head {n_head:,} = {n_backbone + n_head:,}"]
 
 
 def run_both_phases(args, cfg, meta, classifier, splits, run_dir, device, resume, init_ck):
@@ -504,7 +481,10 @@ def run_both_phases(args, cfg, meta, classifier, splits, run_dir, device, resume
                    dict(meta, spt=spt), resume if resuming_ft else None)
     seconds["finetune"] = ft["seconds"]
     t_test = time.time()
-    test = test_best(classifier, args, splits, run_dir, device)
+    try:
+        test = test_best(classifier, args, splits, run_dir, device)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt("the test") from None
     seconds["test"] = time.time() - t_test
     spt_text = " | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items()) if spt else ""
     log(run_dir, f"test | acc {test['acc']:.4f} | loss {test['loss']:.4f} | best val_acc {ft['best']:.4f} "

@@ -1,5 +1,5 @@
-"""Facts about `--preset paper` (spec §4): every paper-scale classifier train.py builds has the parameter count printed
-in the README ("Paper-preset model sizes"), and runs one forward and backward pass with a finite loss and finite
+"""Facts about `--preset paper` (the paper's Tables 2, 4, 5 and the authors' configs; presets.py): every paper-scale
+classifier train.py builds has the parameter count printed in the README ("Paper-preset model sizes"), and runs one forward and backward pass with a finite loss and finite
 gradients. The pass is at a reduced length (L = 128, B = 2) on CPU, so the GPU-sized models are checked in seconds."""
 import dataclasses
 import math
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import heads
 import lra_data
 import train
 
@@ -67,7 +68,7 @@ def test_paper_preset_parameter_count_matches_the_table(model, task):
 
 @pytest.mark.parametrize("model, task", CASES)
 def test_paper_preset_model_trains_one_step_at_reduced_length(model, task):
-    """One fine-tuning batch through train.finetune_inputs and batch_loss (raw batch -> model input -> cross-entropy),
+    """One fine-tuning batch through heads.finetune_inputs and batch_loss (raw batch -> model input -> cross-entropy),
     then backward: the loss and every parameter's gradient are finite. PathX models switch to block-local attention
     at L ≥ 16,384 (blocks of 4,096); here they switch at L = 128 with blocks of 32 (the same ratio), so that path is
     the one run. Block sizes are not parameters: the count is the paper model's."""
@@ -76,8 +77,8 @@ def test_paper_preset_model_trains_one_step_at_reduced_length(model, task):
     if model == "transformer" and cfg.local_min_len <= lra_data.TASKS[task].max_len:   # PathX, PathX-256
         cfg = dataclasses.replace(cfg, block_size=L * cfg.block_size // cfg.local_min_len, local_min_len=L)
     classifier = paper_classifier(model, task, cfg).train()
-    batch = train.finetune_inputs(short_batch(task, 2, torch.Generator().manual_seed(0)), task, torch.device("cpu"))
-    loss, _ = train.batch_loss(classifier, batch)
+    batch = heads.finetune_inputs(short_batch(task, 2, torch.Generator().manual_seed(0)), task, torch.device("cpu"))
+    loss, _ = heads.batch_loss(classifier, batch)
     loss.backward()
     assert math.isfinite(loss.item()), f"{model}/{task}: loss {loss.item()} at L = {L}"
     missing = [name for name, p in classifier.named_parameters() if p.grad is None]
@@ -116,3 +117,22 @@ def test_readme_prints_the_paper_preset_parameter_counts():
             for c in EXPECTED_PARAMS}
     diff = {c: (found.get(c), want.get(c)) for c in want.keys() | found.keys() if found.get(c) != want.get(c)}
     assert not diff, f"README '{HEADING}' disagrees with the code, (README, code) per cell: {diff}\nexpected:\n{readme_block()}"
+
+
+def test_committed_table_of_paper_presets_and_their_sources_is_current():
+    import presets
+    table = (README.parent / "results" / "paper_presets.md").read_text(encoding="utf-8").splitlines()
+    rows = presets.paper_table()
+    assert all(row in table for row in rows), "results/paper_presets.md is stale: python presets.py > it"
+    for row in rows[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert all(cells) and "None" not in cells and ":" in cells[-1], f"a value or its source is missing: {row}"
+
+
+@pytest.mark.parametrize("model, task", CASES)
+def test_paper_preset_micro_batch_keeps_the_papers_batch(model, task):
+    # accumulation splits a step, never changes it: micro-batches of at most the batch, as many as the batch needs
+    for spt in (False, True):
+        v = train.preset_values("paper", model, task, spt)
+        for batch, accum in (("batch_size", "accum_steps"), ("pretrain_batch_size", "pretrain_accum_steps")):
+            assert 1 <= v[accum] <= v[batch], f"{model}/{task}: {accum} {v[accum]} for {batch} {v[batch]}"

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+import heads
 import lra_data
 import train
 from conftest import TINY, records, run
@@ -66,6 +67,38 @@ def test_two_ddp_processes_train_exactly_as_one_process(objective, data_dir, tmp
             if key in ra:
                 assert abs(ra[key] - rb[key]) < 1e-4, f"{ra['phase']} epoch {ra.get('epoch')}: {key} 1 process " \
                                                       f"{ra[key]}, 2 processes {rb[key]}"
+
+
+GRADIENT_PROBE = textwrap.dedent("""
+    import sys, torch, train
+    seen = []
+    guard = train.guard_step
+    def spy(model, *a):                   # the gradient the optimiser is about to use, first step only
+        if not seen:
+            seen.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        return guard(model, *a)
+    train.guard_step = spy
+    train.main(sys.argv[2:])
+    if train.rank_and_world()[0] == 0:
+        torch.save(seen[0], sys.argv[1])
+""")
+
+
+def test_ddp_gradient_equals_the_one_process_gradient_of_the_global_batch(data_dir, tmp_path):
+    # AdamW hides a wrong gradient scale (it normalises by the gradient's size), so compare the gradients themselves:
+    # the global-batch mean over 2 processes (each its rows, DDP averaging) must be the 1-process gradient
+    flags = ["--data-dir", str(data_dir), *TINY, "--model", "dlr", "--task", "listops", "--spt", "--batch-size", "8",
+             "--max-train", "8", "--max-eval", "8", "--pretrain-epochs", "1", "--epochs", "1", "--device", "cpu"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    (tmp_path / "probe.py").write_text(GRADIENT_PROBE)
+    for n in (1, 2):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+                               str(tmp_path / "probe.py"), str(tmp_path / f"grad{n}.pt"), "--out", str(tmp_path / str(n)),
+                               *flags], cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+        assert done.returncode == 0, done.stderr[-3000:]
+    one, two = (torch.load(tmp_path / f"grad{n}.pt") for n in (1, 2))
+    torch.testing.assert_close(two, one, rtol=1e-5, atol=1e-7, msg="2-process gradient != 1-process gradient")
 
 
 def test_global_batch_that_does_not_split_over_the_processes_exits_with_status_2(data_dir, tmp_path, capsys, monkeypatch):
@@ -265,6 +298,16 @@ def test_resume_of_a_folder_in_use_refuses_without_writing(stopped_run, capsys):
     assert (stopped_run / "log.txt").read_text() == before, "the second --resume duplicated log rows"
 
 
+def test_resume_from_another_folder_uses_the_checkpoints_model_config(stopped_run, monkeypatch, capsys):
+    # the presets may change between a run and its resume: the weights' own config is the one rebuilt
+    import presets
+    values = presets.preset_values
+    monkeypatch.setattr(presets, "preset_values", lambda *a: {**values(*a), "dt_max": 0.5})
+    results = train.main(["--resume", str(stopped_run)])
+    config = torch.load(stopped_run / "best.pt", weights_only=True)["config"]
+    assert config["dt_max"] == 0.1 and 0 <= results["test_acc"] <= 1
+
+
 def test_resume_of_a_finished_run_says_so_and_leaves_results_alone(data_dir, tmp_path, capsys):
     _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "1")
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
@@ -390,17 +433,17 @@ def test_gradient_accumulation_over_k_micro_batches_equals_one_full_batch(task, 
     cfg = Config(d_model=8, n_layers=1, d_state=8, dropout=0.0, vocab_size=spec.vocab_size if task == "listops" else None,
                  d_input=1 if task == "listops" else 2, norm="layer")
     if objective:
-        model = train.Denoiser(Model(cfg), 8, train.n_outputs(task)).double()
-        b = train.spt_inputs(batch, task, cpu, torch.Generator().manual_seed(1), ratio=0.3)
+        model = heads.Denoiser(Model(cfg), 8, heads.n_outputs(task)).double()
+        b = heads.spt_inputs(batch, task, cpu, torch.Generator().manual_seed(1), ratio=0.3)
     else:
-        model = train.Classifier(Model(cfg), 8, spec.n_classes, spec.pool, spec.pair).double()
-        b = train.finetune_inputs(batch, task, cpu)
+        model = heads.Classifier(Model(cfg), 8, spec.n_classes, spec.pool, spec.pair).double()
+        b = heads.finetune_inputs(batch, task, cpu)
     b = b._replace(x=b.x.double() if b.x.is_floating_point() else b.x)
     grads = []
     for k in (1, 3, 5):
         model.zero_grad()
         for part in train.micro_batches(slice(0, 12), k):
-            train.batch_loss(model, b, part)[0].backward()
+            heads.batch_loss(model, b, part)[0].backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     for k, g in zip((3, 5), grads[1:]):
         torch.testing.assert_close(g, grads[0], atol=1e-5, rtol=1e-5, msg=f"{k} micro-batches != one batch ({task})")

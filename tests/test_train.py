@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import denoise
+import heads
 import lra_data
 import train
 from conftest import records, run
@@ -113,7 +114,7 @@ def test_tiny_causal_spt_run_with_a_causal_model(model, data_dir, tmp_path):
 
 def test_fine_tuning_starts_from_the_pre_trained_backbone(data_dir, tmp_path, monkeypatch):
     # the classifier's weights right after loading (before any fine-tuning step) must be exactly spt.pt's backbone
-    loaded, load_backbone = {}, train.load_backbone
+    loaded, load_backbone = {}, heads.load_backbone
     def spy(model, state):
         out = load_backbone(model, state)
         loaded.update({k: v.clone() for k, v in model.state_dict().items()})
@@ -137,13 +138,13 @@ def test_saved_checkpoint_reloads_to_identical_logits_and_test_accuracy(data_dir
     again, _ = train.load_model(run_dir / "best.pt")
     test = lra_data.load("pathfinder", "test", data_dir)
     x, lengths, y = lra_data.collate([test[i] for i in range(8)])
-    x = train.model_input(x, "pathfinder")                                     # (B, L, 2)
+    x = heads.model_input(x, "pathfinder")                                     # (B, L, 2)
     with torch.no_grad():
         assert torch.equal(model(x, lengths), again(x, lengths)), "two loads of one checkpoint disagree"
     keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[: ck["args"]["max_eval"]]   # as train.py picks them
     subset = torch.utils.data.Subset(test, keep.sort().values.tolist())
     loader = torch.utils.data.DataLoader(subset, 16, collate_fn=lra_data.collate)
-    prepare = partial(train.finetune_inputs, task="pathfinder", device=torch.device("cpu"))
+    prepare = partial(heads.finetune_inputs, task="pathfinder", device=torch.device("cpu"))
     acc = train.evaluate(model, prepare, loader, 0, contextlib.nullcontext)["acc"]
     assert acc == results["test_acc"], f"reloaded best.pt scores {acc} on test, the run reported {results['test_acc']}"
 
@@ -174,7 +175,7 @@ def test_one_batch_overfits(model):
 def test_param_groups_put_each_parameter_in_exactly_one_group(model):
     Config, Model, ssm_names = train.MODELS[model]
     cfg = Config(d_model=16, n_layers=2, vocab_size=19)
-    net = train.Classifier(Model(cfg), 16, 10, "mean", pair=False)
+    net = heads.Classifier(Model(cfg), 16, 10, "mean", pair=False)
     groups = train.param_groups(net, 1e-3, 0.05, 1e-4, ssm_names)
     ids = [id(p) for g in groups for p in g["params"]]
     assert len(ids) == len(set(ids)), "a parameter sits in two groups"
@@ -194,7 +195,7 @@ def test_pooling_a_row_without_real_positions_gives_zeros_not_a_pad_or_minus_inf
     h = torch.randn(2, 5, 3)                                                  # (B, L, D)
     lengths = torch.tensor([0, 5])                                            # row 0: no real position at all
     for how in ("mean", "max", "last"):
-        z = train.pool(h, lengths, how)
+        z = heads.pool(h, lengths, how)
         assert torch.equal(z[0], torch.zeros(3)), f"{how} pooling of an empty row gave {z[0].tolist()}"
         assert z.isfinite().all()
 
@@ -205,22 +206,22 @@ def test_pooling_reads_real_positions_only():
     spoiled = h.clone()
     spoiled[0, 3:] = 1e6                                                     # pads of row 0
     for how in ("mean", "max", "last"):
-        assert torch.equal(train.pool(h, lengths, how), train.pool(spoiled, lengths, how)), f"{how} pooling reads pads"
-    torch.testing.assert_close(train.pool(h, lengths, "mean")[0], h[0, :3].mean(0))
+        assert torch.equal(heads.pool(h, lengths, how), heads.pool(spoiled, lengths, how)), f"{how} pooling reads pads"
+    torch.testing.assert_close(heads.pool(h, lengths, "mean")[0], h[0, :3].mean(0))
 
 
 def test_load_backbone_refuses_any_unexpected_difference():
     Config, Model, _ = train.MODELS["dlr"]
     cfg = Config(d_model=8, n_layers=1, d_state=4, vocab_size=19)
-    source = train.Denoiser(Model(cfg), 8, 19).state_dict()
-    target = train.Classifier(Model(cfg), 8, 10, "mean", pair=False)
-    dropped, new = train.load_backbone(target, source)
+    source = heads.Denoiser(Model(cfg), 8, 19).state_dict()
+    target = heads.Classifier(Model(cfg), 8, 10, "mean", pair=False)
+    dropped, new = heads.load_backbone(target, source)
     assert dropped == ["denoise_head.bias", "denoise_head.weight"] and new == ["head.bias", "head.weight"]
     missing_one = {k: v for k, v in source.items() if k != "backbone.encoder.weight"}
     with pytest.raises(RuntimeError, match="encoder"):
-        train.load_backbone(target, missing_one)
+        heads.load_backbone(target, missing_one)
     with pytest.raises(RuntimeError, match="extra"):
-        train.load_backbone(target, {**source, "backbone.extra": torch.zeros(1)})
+        heads.load_backbone(target, {**source, "backbone.extra": torch.zeros(1)})
 
 
 def test_init_from_fine_tunes_a_saved_backbone(data_dir, tmp_path):
@@ -240,28 +241,28 @@ def test_eval_every_evaluates_every_kth_epoch_and_after_the_last(data_dir, tmp_p
 def test_metrics_over_batches_equal_metrics_over_everything():
     gen = torch.Generator().manual_seed(0)
     logits, target = torch.randn(100, 10, generator=gen), torch.randint(0, 10, (100,), generator=gen)
-    stats = lambda a, b: train.statistics(a, b, denoise.losses(a, b), torch.ones(b.shape))
-    whole = train.metrics(stats(logits, target))
-    parts = train.metrics(train.add(stats(logits[:37], target[:37]), stats(logits[37:], target[37:])))
+    stats = lambda a, b: heads.statistics(a, b, denoise.losses(a, b), torch.ones(b.shape))
+    whole = heads.metrics(stats(logits, target))
+    parts = heads.metrics(heads.add(stats(logits[:37], target[:37]), stats(logits[37:], target[37:])))
     assert abs(whole["loss"] - parts["loss"]) < 1e-5 and whole["acc"] == parts["acc"], f"{whole} != {parts}"
     torch.testing.assert_close(whole["loss"], torch.nn.functional.cross_entropy(logits, target).item())
 
 
 def test_image_targets_are_normalised_values_scored_by_l1_and_r2():
     x = torch.randint(0, 256, (2, 1024), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    value, target = train.clean_input(x, "image")
+    value, target = heads.clean_input(x, "image")
     assert torch.equal(value, target) and target.dtype == torch.float32, "Image targets are the normalised values"
     t, ones = target[0], torch.ones(1024)                                     # (L,) float
-    stats = lambda pred: train.statistics(pred, t, denoise.losses(pred, t), ones)
-    perfect, mean = train.metrics(stats(t[:, None].clone())), train.metrics(stats(torch.full((1024, 1), t.mean().item())))
+    stats = lambda pred: heads.statistics(pred, t, denoise.losses(pred, t), ones)
+    perfect, mean = heads.metrics(stats(t[:, None].clone())), heads.metrics(stats(torch.full((1024, 1), t.mean().item())))
     assert perfect["loss"] < 1e-6 and abs(perfect["r2"] - 1) < 1e-6, f"perfect prediction scored {perfect}"
     assert abs(mean["r2"]) < 1e-4, f"predicting the mean must give R² ≈ 0, got {mean['r2']:.4f}"
-    assert train.n_outputs("pathfinder") == 256 and train.n_outputs("image") == 1
+    assert heads.n_outputs("pathfinder") == 256 and heads.n_outputs("image") == 1
 
 
 def test_pathfinder_targets_are_grey_levels_and_inputs_are_scaled_to_plus_minus_one():
     x = torch.randint(0, 256, (2, 1024), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    value, target = train.clean_input(x, "pathfinder")
+    value, target = heads.clean_input(x, "pathfinder")
     assert target.dtype == torch.long and torch.equal(target, x.long()), "Pathfinder targets are grey levels 0..255"
     torch.testing.assert_close(value, x.float() / 255 * 2 - 1)
 
@@ -274,7 +275,7 @@ def test_masked_spt_never_masks_the_eos_token(data_dir):
     eos = torch.arange(x.size(1))[None, :] == (lengths - 1)[:, None]          # (B, L)
     assert (x[eos] == lra_data.EOS).all()
     for seed in range(20):                                 # many draws at a ratio so high that EOS would be hit
-        b = train.spt_inputs(batch, "listops", torch.device("cpu"), torch.Generator().manual_seed(seed), ratio=0.9)
+        b = heads.spt_inputs(batch, "listops", torch.device("cpu"), torch.Generator().manual_seed(seed), ratio=0.9)
         mask = b.weight.bool()
         assert not (mask & eos).any(), "an EOS position was masked"
         assert mask.any(1).all() and (b.x[mask] == lra_data.MASK).all()

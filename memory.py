@@ -1,0 +1,270 @@
+"""memory.py: peak training memory of a --preset paper run, estimated without allocating it, and checked against a
+real step. The estimate runs train.py's model on fake tensors (shapes and dtypes, no data) under a dispatch mode that
+counts the bytes of every live storage, as an allocator would:
+    peak = 4 × parameter bytes (weights, gradients, AdamW's two moments) + the most bytes live at once in one step's
+           forward and backward (activations autograd saves, temporaries)
+Check: the estimate equals a real CPU step's growth of the resident set within a few % (tests/test_memory.py; the
+table and the check: `python bench.py --memory`, results/memory.md); what it leaves out on a GPU:
+results/bench_notes.md. Every paper preset must fit 90 % of an 80 GB card (presets.ACCUM_STEPS makes them fit).
+"""
+import ctypes
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import weakref
+from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import denoise
+import heads
+import lra_data
+import train
+
+PRECISIONS, PHASES = ["fp32", "bf16"], ["finetune", "spt"]
+GPU_GIB, HEADROOM = 80, 0.9   # fits = estimate ≤ 90 % of an 80 GB card (80 GiB); the 10 % are for what the estimate
+                              # leaves out: CUDA context, cuFFT / cuBLAS workspaces, allocator rounding
+# estimate vs a real CPU step, small sizes: (model, task, phase, precision, B, lengths); S4 keeps N = 64
+CHECKS = [("dlr", "pathfinder", "finetune", "fp32", 8, [1024, 2048]),
+          ("s4", "listops", "finetune", "fp32", 8, [1024, 2048]), ("s4", "pathfinder", "spt", "bf16", 8, [1024, 2048]),
+          ("transformer", "text", "finetune", "bf16", 16, [512, 1024])]
+CHECK_SIZE = dict(d_model=64, n_layers=2, n_heads=4, d_ff=128, dropout=0.0)
+
+
+# ---- measured memory: CUDA's allocator, or the resident set ---------------------------------------------------------
+
+def memory_mib(device, what, reset=False):
+    """MiB of memory: what = "now" (CUDA allocated / resident set), "peak" (since the last reset: CUDA's allocator
+    counter, or VmHWM, reset by writing 5 to /proc/self/clear_refs, Linux) or "free"."""
+    if device == "cuda":
+        if reset:
+            torch.cuda.reset_peak_memory_stats()
+        info = dict(now=torch.cuda.memory_allocated, peak=torch.cuda.max_memory_allocated,
+                    free=lambda: torch.cuda.mem_get_info()[0])
+        return info[what]() / 2**20
+    if reset:                                # first hand memory that malloc keeps for reuse back to the system
+        ctypes.CDLL(None).malloc_trim(0)     # (glibc), so that what the row needs shows in the resident set
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    key, path = dict(now=("VmRSS", "self/status"), peak=("VmHWM", "self/status"), free=("MemAvailable", "meminfo"),
+                     )[what]
+    with open(f"/proc/{path}") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":")) / 1024
+
+
+# ---- memory without allocating it: a counting dispatch mode on fake tensors -----------------------------------------
+
+class LiveBytes(TorchDispatchMode):
+    """A simulated allocator: the bytes of every storage that some tensor made under this mode still uses (views share
+    their base's), and their peak. The models read no data to decide shapes, so fake tensors run them unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.users, self.now, self.peak = {}, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.track(t)
+        return out
+
+    def track(self, t):
+        storage = t.untyped_storage()
+        key, nbytes = storage._cdata, storage.nbytes()
+        if key not in self.users:
+            self.users[key], self.now = 0, self.now + nbytes
+            self.peak = max(self.peak, self.now)
+        self.users[key] += 1
+        weakref.finalize(t, self.release, key, nbytes)   # runs when the tensor (also one autograd keeps) is gone
+
+    def release(self, key, nbytes):
+        self.users[key] -= 1
+        if not self.users[key]:
+            del self.users[key]
+            self.now -= nbytes
+
+
+def autocast(precision, device="cpu"):
+    """bf16 = autocast as train.py runs it on a GPU by default (matmuls, attention in bf16; the SSM block keeps its
+    kernel and FFT convolution in fp32). On fake CPU tensors CPU autocast stands in for CUDA's (for these models both
+    cast the same ops), and CPU fused attention for the GPU's flash / memory-efficient kernels (no L×L matrix)."""
+    return torch.autocast(device, torch.bfloat16, enabled=precision == "bf16")
+
+
+def simulated_peak(build, forward, precision):
+    """(parameters, their bytes, peak bytes of one step above them) of model = build(), on fake tensors: nothing is
+    allocated. The step: loss = forward(model) under autocast, loss.backward(). Autograd keeps the saved
+    tensors themselves (not shallow copies), so the counter sees each one live until backward frees it."""
+    with FakeTensorMode():
+        model = build()
+        counter, keep = LiveBytes(), (lambda t: t)
+        with counter, torch.autograd.graph.saved_tensors_hooks(keep, keep):
+            with autocast(precision):
+                loss = forward(model)
+            loss.backward()
+            del loss
+    return sum(p.numel() for p in model.parameters()), sum(p.nbytes for p in model.parameters()), counter.peak
+
+
+def training_case(model_name, task, values, phase, B, L):
+    """(build, forward) of one training step of train.py's model on a random batch of full length L: classifier +
+    cross-entropy (finetune), or denoising head at every position + its loss on the masked ones (spt). Token tasks
+    take the padded path (lengths given, all real: the larger case), pixel tasks are never padded (lengths None).
+    Retrieval: two documents per example, so 2·B sequences."""
+    spec, cfg, n_out = lra_data.TASKS[task], train.model_config(model_name, task, values), heads.n_outputs(task)
+    head = (dict(kind="denoise", n_out=n_out) if phase == "spt" else
+            dict(kind="classifier", n_classes=spec.n_classes, pool=spec.pool, pair=spec.pair))
+    meta = dict(model_name=model_name, config=dataclasses.asdict(cfg), head=head)
+
+    def forward(model):
+        device, rows = next(model.parameters()).device, 2 * B if spec.pair else B
+        shape = (B, 2, L) if spec.pair and phase == "finetune" else (rows, L)        # the classifier pairs them
+        x = (torch.randint(4, spec.vocab_size, shape, device=device) if cfg.vocab_size else
+             torch.randn(*shape, cfg.d_input, device=device))                       # ids, or (..., L, 2) pixels
+        lengths = torch.full(shape[:-1], L, device=device) if cfg.vocab_size else None   # (B,), (B, 2), (2B,)
+        if phase == "finetune":
+            return denoise.loss(model(x, lengths), torch.randint(0, spec.n_classes, (B,), device=device))
+        target = (torch.rand(rows, L, device=device) if n_out == 1 else
+                  torch.randint(0, n_out, (rows, L), device=device))                # (rows, L)
+        weight = (torch.rand(rows, L, device=device) < spec.mask_ratio).float()     # 1 where masked
+        return denoise.loss(model(x, lengths), target, weight)                       # predictions (rows, L, n_out)
+    return (lambda: train.build_model(meta)), forward
+
+
+def training_memory(model_name, task, values, phase, B, L, precision):
+    """Estimated peak bytes of one training step (see the file header), with its parts. The layers are identical and
+    each adds the same bytes at the moment of the peak (its saved activations), so the count is affine in n_layers:
+    runs with 1 and 2 layers give it for any number (tests/test_memory.py checks this against the whole model)."""
+    one, two = (simulated_peak(*training_case(model_name, task, {**values, "n_layers": n}, phase, B, L), precision)
+                for n in (1, 2))
+    n_params, param_bytes, step = (a + (values["n_layers"] - 1) * (b - a) for a, b in zip(one, two))
+    return dict(n_params=n_params, step=step, peak=4 * param_bytes + step)
+
+
+# ---- the paper presets: estimate, fit, table ------------------------------------------------------------------------
+
+def paper_memory(model_name, task, phase, precision, accum_steps=None):
+    """The estimate of one --preset paper step of `phase` at the task's full length and micro-batch
+    ⌈batch / accum_steps⌉ (accum_steps: the preset's unless given), and whether it fits. Fine-tuning runs from
+    scratch (TFS) or after SPT, whose batch sizes may differ: the run with the larger micro-batch counts."""
+    runs = []
+    for spt in [True] if phase == "spt" else [False, True]:
+        v = train.preset_values("paper", model_name, task, spt)
+        batch, accum = ((v["pretrain_batch_size"], v["pretrain_accum_steps"]) if phase == "spt" else
+                        (v["batch_size"], v["accum_steps"]))
+        runs.append((-(-batch // (accum_steps or accum)), batch, accum_steps or accum, v))
+    micro, batch, accum, values = max(runs, key=lambda r: r[0])
+    est = training_memory(model_name, task, values, phase, micro, lra_data.TASKS[task].max_len, precision)
+    return dict(est, L=lra_data.TASKS[task].max_len, batch=batch, accum_steps=accum, micro_batch=micro,
+                gib=est["peak"] / 2**30, fits=est["peak"] <= HEADROOM * GPU_GIB * 2**30)
+
+
+def accum_to_fit(model_name, task, phase, precision="bf16"):
+    """The smallest power-of-two accum_steps at which the phase fits; None if one example per step does not."""
+    accum = 1
+    while not (est := paper_memory(model_name, task, phase, precision, accum))["fits"]:
+        if est["micro_batch"] == 1:
+            return None
+        accum *= 2
+    return accum
+
+
+def memory_table():
+    """Every --preset paper model × task × phase in both precisions, with the accum_steps that fit in bf16."""
+    rows = []
+    for model_name, task, phase in [(m, t, p) for m in train.MODELS for t in lra_data.TASKS for p in PHASES]:
+        est = {precision: paper_memory(model_name, task, phase, precision) for precision in PRECISIONS}
+        keep = ("n_params", "L", "batch", "accum_steps", "micro_batch")
+        rows.append(dict(model=model_name, task=task, phase=phase, **{k: est["bf16"][k] for k in keep},
+                         **{f"{p}_{k}": est[p][k] for p in PRECISIONS for k in ("gib", "fits")},
+                         accum_to_fit=est["bf16"]["accum_steps"] if est["bf16"]["fits"] else
+                         accum_to_fit(model_name, task, phase)))
+        print(f"  {model_name:11s} {task:10s} {phase:8s} micro-batch {rows[-1]['micro_batch']:3d}: fp32 "
+              f"{est['fp32']['gib']:6.1f} GiB, bf16 {est['bf16']['gib']:6.1f} GiB", flush=True)
+    return rows
+
+
+# ---- the check: the estimate against a real CPU step ----------------------------------------------------------------
+
+def check_values(model_name, task, phase):
+    """The tiny preset's settings at CHECK_SIZE (DLR N = 256; S4 keeps its N = 64) for a check's small model."""
+    return {**train.preset_values("tiny", model_name, task, phase == "spt"), **CHECK_SIZE,
+            **({} if model_name == "s4" else dict(d_state=256))}
+
+
+def memory_growth(cases):
+    """The real side of a check, in this process: for each (model, task, phase, precision, B, lengths) of `cases` and
+    each length, the growth of the resident set over one training step (forward, backward, AdamW), MiB. A first step
+    at L = 32 loads the libraries and makes AdamW's state: what grows later is what the estimate's `step` counts."""
+    grown = []
+    for model_name, task, phase, precision, B, lengths in cases:
+        torch.manual_seed(0)
+        values = check_values(model_name, task, phase)
+        model = training_case(model_name, task, values, phase, B, 32)[0]()
+        opt = torch.optim.AdamW(model.parameters())
+        for L in [32, *lengths]:
+            forward, before = training_case(model_name, task, values, phase, B, L)[1], memory_mib("cpu", "now", True)
+            with autocast(precision):
+                loss = forward(model)
+            loss.backward()
+            del loss
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            grown += [memory_mib("cpu", "peak") - before] if L != 32 else []
+    return grown
+
+
+def measure_memory(cases):
+    """memory_growth(cases) in a fresh process with one thread, where large allocations each get their own mmap
+    (MALLOC_MMAP_THRESHOLD_): freed memory leaves the resident set at once, so its peak is the peak of live memory."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    code = "import memory, json, sys; print(json.dumps(memory.memory_growth(json.load(sys.stdin))))"
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases), env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent)
+    if out.returncode:
+        raise RuntimeError(f"memory measurement failed: {out.stderr.strip()[-800:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def memory_check(cases=CHECKS):
+    """Estimate vs measurement for each case and length: rows with est_mib and measured_mib."""
+    measured = iter(measure_memory(cases))
+    return [dict(model=m, task=t, phase=p, precision=pr, B=B, L=L, measured_mib=next(measured),
+                 est_mib=training_memory(m, t, check_values(m, t, p), p, B, L, pr)["step"] / 2**20)
+            for m, t, p, pr, B, lengths in cases for L in lengths]
+
+
+# ---- the report ------------------------------------------------------------------------------------------------------
+
+def table(header, rows):
+    """Markdown table lines (readable in a terminal too)."""
+    return [f"| {' | '.join(header)} |", "|" + "---|" * len(header), *(f"| {' | '.join(map(str, r))} |" for r in rows)]
+
+
+def memory_lines(res):
+    """The markdown of `python bench.py --memory`: res["memory"] (memory_table) and res["check"] (memory_check)."""
+    yes = lambda ok: "yes" if ok else "NO"  # noqa: E731
+    lines = ["Peak memory of one --preset paper training step at the task's full length, estimated: 4 × parameter "
+             "bytes (weights, gradients, AdamW) + the most bytes live at once in forward + backward, counted on fake "
+             "tensors. bf16 = autocast (matmuls, attention in bf16; SSM kernels and FFT convolutions in fp32). "
+             "micro-batch = ⌈batch / accum_steps⌉; fine-tuning: the larger of TFS's and after-SPT's. fits = ≤ "
+             f"{HEADROOM:.0%} of {GPU_GIB} GiB. Last column: the smallest power-of-two accum_steps that fits in "
+             "bf16.", ""]
+    lines += table(["model", "task", "phase", "params", "L", "batch", "accum_steps", "micro-batch", "fp32 GiB",
+                    "bf16 GiB", "fits 80 GB fp32 / bf16", "accum_steps to fit (bf16)"],
+                   [[r["model"], r["task"], r["phase"], f"{r['n_params']:,}", r["L"], r["batch"], r["accum_steps"],
+                     r["micro_batch"], f"{r['fp32_gib']:.1f}", f"{r['bf16_gib']:.1f}",
+                     f"{yes(r['fp32_fits'])} / {yes(r['bf16_fits'])}", r["accum_to_fit"] or "not even at 1 example"]
+                    for r in res["memory"]])
+    lines += ["", f"check: the estimate vs a real training step on this CPU (fresh process, one thread), memory above "
+              f"weights + AdamW state; sizes {CHECK_SIZE}, DLR N = 256, S4 N = 64:", ""]
+    lines += table(["model", "task", "phase", "precision", "B", "L", "estimated MiB", "measured MiB", "est./measured"],
+                   [[r["model"], r["task"], r["phase"], r["precision"], r["B"], r["L"], f"{r['est_mib']:.1f}",
+                     f"{r['measured_mib']:.1f}", f"{r['est_mib'] / r['measured_mib']:.3f}"] for r in res["check"]])
+    return lines
