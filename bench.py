@@ -43,7 +43,7 @@ W_BLOCK = TransformerConfig.block_size                                    # bloc
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--quick", action="store_true", help=f"about a minute on 2 CPU cores: {QUICK}")
+    p.add_argument("--quick", action="store_true", help=f"fewer lengths, shorter timing: {QUICK}")
     p.add_argument("--memory", action="store_true", help="estimate the peak memory of the --preset paper runs instead")
     p.add_argument("--gpu-check", action="store_true", help="layers, short paper runs, TFS vs SPT (see gpu_check)")
     p.add_argument("--minutes", type=float, default=10.0, help="--gpu-check: time budget; what does not fit is skipped")

@@ -11,7 +11,7 @@ normalised value (Image).
 Check: tests/test_denoise.py (masking rate, span lengths, pads never masked, causal targets shifted exactly once,
 RTD labels and gradient paths, the folded discriminator backbone).
 The objectives see tensors only: token ids (B, L) long, or pixel values (B, L) float, already normalised; targets are
-class ids (long: cross-entropy) or values (float: L1). Which task is which is train.py's business; so are the heads.
+class ids (long: cross-entropy) or values (float: L1). Which task is which is heads.py's business; so are the heads.
 """
 import math
 
@@ -103,7 +103,7 @@ def next_token(target, lengths):
 def losses(pred, target):
     """Denoising (or classification) loss at each position, unreduced: cross-entropy for integer targets (classes,
     ids, grey levels), L1 for float targets (normalised pixels). pred: (..., V) logits or (..., 1) values;
-    target: (...) -> (...) float32. The caller weights and sums (train.py: mask / global count)."""
+    target: (...) -> (...) float32. The caller weights and sums (heads.batch_loss: mask / global count)."""
     if target.is_floating_point():
         return (pred.float().squeeze(-1) - target).abs()
     return F.cross_entropy(pred.float().flatten(0, -2), target.flatten(), reduction="none").view(target.shape)

@@ -99,9 +99,9 @@ class DLRKernel(nn.Module):
 # ----------------------------------------------------------------------------- backbone
 
 class DLR(nn.Module):
-    """DLR backbone: encoder → n_layers × SSMLayer(DLRKernel) → final norm; no head (train.py owns the heads).
+    """DLR backbone: encoder → n_layers × SSMLayer(DLRKernel) → final norm; no head (heads.py holds the heads).
     forward(inputs, lengths=None) -> (B, L, H) features, float. inputs: (B, L) long tokens when cfg.vocab_size is
-    set, else (B, L, d_input) float. lengths: (B,) long; None means no padding: train.py passes None for a batch
+    set, else (B, L, d_input) float. lengths: (B,) long; None means no padding: heads.to_device passes None for a batch
     without pads (it knows that on the host; finding it out here would make the host wait for the device).
     Raises ValueError when lengths is not of shape (B,). With post-norm the last block's norm is the final norm."""
 

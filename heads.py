@@ -202,9 +202,10 @@ def spt_inputs(batch, task, device, gen, objective="masked", ratio=0.15, span_me
 
 def batch_loss(model, b, rows=slice(None), scale=1.0):
     """Loss of the examples `rows` of the global batch b, summed and divided by the global batch's count (times
-    `scale`: 1/processes under DDP), so that rows, micro-batches and DDP processes add up to the global batch mean;
-    and the rows' additive statistics (a dict of device tensors). Classifier: logits (b, C); Denoiser: predictions
-    at every position (b, L, V), no boolean indexing (it would read the mask's size back from the device)."""
+    `scale`: the number of DDP processes, whose gradients DDP averages), so that rows, micro-batches and processes
+    add up to the global batch mean; and the rows' additive statistics (a dict of device tensors). Classifier:
+    logits (b, C); Denoiser: predictions at every position (b, L, V), no boolean indexing (it would read the mask's
+    size back from the device)."""
     lengths = None if b.lengths is None else b.lengths[rows]
     if b.noise is not None:
         return rtd_batch_loss(model, b, rows, scale)

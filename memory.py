@@ -5,7 +5,7 @@ counts the bytes of every live storage, as an allocator would:
            forward and backward (activations autograd saves, temporaries)
 Check: the estimate equals a real CPU step's growth of the resident set within a few % (tests/test_memory.py; the
 table and the check: `python bench.py --memory`, results/memory.md); what it leaves out on a GPU:
-results/bench_notes.md. Every paper preset must fit 90 % of an 80 GB card (presets.ACCUM_STEPS makes them fit).
+results/bench_notes.md. Every paper preset must fit 90 % of an 80 GB card (presets.MAX_MICRO_BATCH makes them fit).
 """
 import ctypes
 import dataclasses

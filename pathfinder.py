@@ -59,7 +59,7 @@ PARAMS = {   # values: the docstrings of LRA's lra_benchmarks/data/pathfinder.py
     256: Params(dash_length=5, thickness=2, margins=(3,), seed_distance=27, marker_radius=5.0, continuity=1.8,
                 padding=22, distractor_budget=30, snake_contrast=1.0, paddle_contrast=1.0),    # Pathfinder256; its
 }   # padding and seed distance are the wrapper's defaults. distractor_budget follows LRA's docstrings (20 // 4 = 5
-#     distractors at 32 px hard); snakes2_wrapper.py's loop would give 10 (the reference set's README, "Oddities" 1)
+#     distractors at 32 px hard); snakes2_wrapper.py's own loop would give 10
 
 
 @dataclass(frozen=True)

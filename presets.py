@@ -3,9 +3,10 @@ paper: model sizes and learning rates of Amos, Berant & Gupta (ICLR 2024): Table
        (Transformer fine-tuning / SPT learning rates), Table 5 (per-phase learning rates and batch sizes of S4 and
        DLR with SPT, and of DLR from scratch) and App. C.1.2 (PathX-256); S4 from scratch and the epochs, batch sizes
        and model sizes the tables leave out come from the authors' released configs and S4's LRA configs (Gu et al.,
-       ICLR 2022). `paper_sources` names the source of every value; the README prints that table.
+       ICLR 2022). `paper_values` names the source of every value; `python presets.py` prints them all
+       (results/paper_presets.md).
 tiny / small: CPU-sized runs of the real tasks (no toy task), our own choice.
-Explicit command-line flags always win over a preset (train.py applies them after `preset_values`).
+Explicit command-line flags always win over a preset (`apply_presets`, one merge, then `check_flags`).
 """
 import dataclasses
 from pathlib import Path
@@ -159,7 +160,7 @@ CPU_SHARE = {("s4", "pathx"): 4, ("s4", "pathx256"): 4, ("transformer", "pathx")
 
 def preset_values(preset, model, task, spt):
     """Every setting the preset decides for (model, task): training flags and model-config fields. Flags given
-    explicitly on the command line override these (train.py does that)."""
+    explicitly on the command line override these (apply_presets)."""
     if preset == "paper":
         return paper_values(model, task, spt)[0]
     epochs, batch, generate, max_train, max_eval = CPU_TASK[preset][task]
@@ -279,7 +280,6 @@ def check_flags(args, config_kw):
     except ValueError as e:
         raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, --dropout, "
                          f"--gen-width, --gen-layers or the preset)") from None
-
 
 
 # ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------------------------

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from ssm import RFFT, SSMLayer, apply_norm, check_config, check_lengths, norm_layer, pad_mask, require, vandermonde
-from ssm import fft_conv  # noqa: F401 re-exported: s4.fft_conv, as before the block moved to ssm.py
+from ssm import fft_conv  # noqa: F401  (s4.fft_conv: the FFT convolution of S4 §2.4, kept importable)
 
 SSM_PARAMS = {"log_dt", "Lambda_re", "Lambda_im", "P", "B"}   # own lr (cfg.ssm_lr), no weight decay; C, D: ordinary
 
@@ -95,8 +95,7 @@ def full_dot(a, b):
 def bilinear_power(Lambda, P, C, dt, L):
     """C Ā^L for the bilinear Ā of A = Λ − PP* (all N modes); returns its pair half, (Hk, N/2) complex.
     Ā = (I − hA)⁻¹(I + hA) = 2(I − hA)⁻¹ − I with h = Δ/2, and I − hA = diag(d) + h·pp* is diagonal plus rank one:
-    Sherman–Morrison gives Ā = diag(2/d − 1) − β·q r in O(N²), no batched solve (those stall on OpenMP threads of a
-    shared CPU). Ā^L by repeated squaring, log L matmuls, in real coordinates: the system is real, so Ā on [x, x̄]
+    Sherman–Morrison gives Ā = diag(2/d − 1) − β·q r in O(N²), no batched N×N solve. Ā^L by repeated squaring, log L matmuls, in real coordinates: the system is real, so Ā on [x, x̄]
     is a real N×N matrix on [Re x, Im x], and a real matmul takes a quarter of the flops of a complex one."""
     n, h = Lambda.shape[1], (dt / 2)[:, None]                                        # N/2, (Hk, 1)
     lam, p = full(Lambda), full(P)                                                   # (Hk, N) complex each
@@ -211,9 +210,9 @@ class S4Kernel(nn.Module):
 # ----------------------------------------------------------------------------- backbone
 
 class S4(nn.Module):
-    """S4 backbone: encoder → n_layers × SSMLayer(S4Kernel) → final norm; no head (train.py owns the heads).
+    """S4 backbone: encoder → n_layers × SSMLayer(S4Kernel) → final norm; no head (heads.py holds the heads).
     forward(inputs, lengths=None) -> (B, L, H) features, float. inputs: (B, L) long tokens when cfg.vocab_size is
-    set, else (B, L, d_input) float. lengths: (B,) long; None means no padding: train.py passes None for a batch
+    set, else (B, L, d_input) float. lengths: (B,) long; None means no padding: heads.to_device passes None for a batch
     without pads (it knows that on the host; finding it out here would make the host wait for the device).
     Raises ValueError when lengths is not of shape (B,). With post-norm the last block's norm is the final norm."""
 

@@ -2,11 +2,12 @@
 phase 1 (--spt):  backbone + denoising head learn to restore masked (or next) inputs of the task's own train split
 phase 2:          the same backbone + a fresh pooled classifier head learn the labels; without --spt it starts from
                   random init ("trained from scratch", TFS). Test accuracy: the best-validation checkpoint's.
-    python train.py --model dlr --task pathfinder --spt --preset tiny     # the quick start (under a minute on a CPU)
+    python train.py --model dlr --task pathfinder --spt --preset tiny     # the quick start (a minute or two on a CPU)
     python train.py --model dlr --task pathx --spt                        # paper preset on a GPU, tiny on a CPU
     python train.py --resume runs/<run folder>                            # continue a stopped run exactly
     torchrun --nproc_per_node=4 train.py --model s4 --task pathx --spt     # DDP: 4 GPUs, --batch-size stays global
-Reading order: main() at the bottom runs the method's steps by name; each step is a function above it.
+Reading order: main() at the bottom runs the steps by name (run_both_phases above it: pre-train, fine-tune,
+test); each step is a function above it.
 Check: tests/test_train.py (every model with and without --spt, checkpoints, one-batch overfit) and
 tests/test_robustness.py (DDP equals 1 process, exact resume, NaN guard, every bad input, --compile, memory).
 """
@@ -322,7 +323,7 @@ def parse_flags(argv):
          "absent, 0: never (default: preset)")
     flag("--data-fraction", type=float, default=1.0, help="use this fraction of the train split (nested prefixes)")
     flag("--max-len", type=int, default=None, help="text, retrieval: cut each document to this many tokens, EOS "
-         "included (default: LRA's 4096 / 4000)")
+         "included (default: LRA's 4096 / 4001 = 4000 bytes + EOS)")
     flag("--max-train", type=int, default=None, help="at most this many training examples, 0: all (default: preset)")
     flag("--max-eval", type=int, default=None, help="at most this many val and test examples, 0: all (default: preset)")
     flag("--workers", type=int, default=None, help="DataLoader worker processes (default: 0 on CPU; on CUDA 8, or "
@@ -399,7 +400,7 @@ def load_pretrained(classifier, args, run_dir, device, init_ck=None):
     ck = init_ck or read_checkpoint(path, device)
     state = ck["model"] if ck["head"]["kind"] != "rtd" else denoise.discriminator_backbone(ck["model"])
     try:
-        dropped, new = load_backbone(classifier, state)
+        _, new = load_backbone(classifier, state)
         dropped = sorted(k for k in ck["model"] if not k.startswith("backbone."))   # rtd: generator, both heads
     except RuntimeError as e:
         fail(f"loading the backbone of {path}: {str(e).splitlines()[0]}")
@@ -413,6 +414,35 @@ def test_best(classifier, args, splits, run_dir, device):
     prepare = partial(finetune_inputs, task=args.task, device=device)
     test_batches = loader(splits["test"], args.batch_size, args, device)
     return evaluate(classifier, prepare, test_batches, args.seed + 3, precision(args, device)[1])
+
+
+def run_both_phases(args, cfg, meta, classifier, splits, run_dir, device, resume, init_ck):
+    """Pre-train (with --spt), fine-tune, test: the method. -> results (test_acc, best_val_acc, spt_val_metric, ...)."""
+    seconds, spt = {}, None
+    resuming_ft = resume is not None and resume["phase"] == "finetune"
+    if args.spt:
+        spt = resume["spt"] if resuming_ft else pretrain(args, cfg, meta, splits, run_dir, device, resume)
+        seconds["spt"] = spt["seconds"]
+    if (args.spt or args.init_from) and not resuming_ft:                # else last.pt holds the whole state
+        load_pretrained(classifier, args, run_dir, device, init_ck)
+    phase = Phase("finetune", args.epochs, args.lr, args.batch_size, args.accum_steps, "best.pt", "acc")
+    ft = run_phase(phase, classifier, partial(finetune_inputs, task=args.task, device=device), splits, args, run_dir,
+                   dict(meta, spt=spt), resume if resuming_ft else None)
+    seconds["finetune"] = ft["seconds"]
+    t_test = time.time()
+    try:
+        test = test_best(classifier, args, splits, run_dir, device)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt("the test") from None
+    seconds["test"] = time.time() - t_test
+    spt_text = " | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items()) if spt else ""
+    log(run_dir, f"test | acc {test['acc']:.4f} | loss {test['loss']:.4f} | best val_acc {ft['best']:.4f} "
+        f"(epoch {ft['epoch']}){spt_text}", {"phase": "test", "test_acc": test["acc"], "test_loss": test["loss"]})
+    settings = {"span": ["span_mean"], "rtd": ["gen_width", "gen_layers", "rtd_weight", "gdes"]}.get(args.objective, [])
+    objective = {k: getattr(args, k) for k in ["objective", "mask_ratio", *settings]} if args.spt else None
+    spt_val = spt and {"name": spt["metric"], "value": spt["best"], "epoch": spt["epoch"], **spt["val"]}
+    return {"test_acc": test["acc"], "test_loss": test["loss"], "best_val_acc": ft["best"], "best_epoch": ft["epoch"],
+            "spt_val_metric": spt_val, "spt_objective": objective, "wall_time_s": seconds}
 
 
 def main(argv=None):
@@ -454,7 +484,7 @@ def main(argv=None):
         try:
             results = run_both_phases(args, cfg, meta, classifier, splits, run_dir, device, resume, init_ck)
         except KeyboardInterrupt as e:
-            stopped_by_ctrl_c(run_dir, e.args[0] if e.args else "start-up")
+            stopped_by_ctrl_c(run_dir, e.args[0] if e.args else "start-up")     # prints one line, exits 130
         results.update(params=sum(p.numel() for p in classifier.parameters()), n_train=len(splits["train"]),
                        data_source=source, data_notes=data_notes, preset=args.preset, device=str(device),
                        processes=world, threads=threads, run_dir=str(run_dir))
@@ -465,35 +495,6 @@ def main(argv=None):
         gc.collect()   # abort the exit (SIGABRT, "terminate called without an active exception")
         dist.destroy_process_group()
     return results
-
-
-def run_both_phases(args, cfg, meta, classifier, splits, run_dir, device, resume, init_ck):
-    """Pre-train (with --spt), fine-tune, test: the method. -> results (test_acc, best_val_acc, spt_val_metric, ...)."""
-    seconds, spt = {}, None
-    resuming_ft = resume is not None and resume["phase"] == "finetune"
-    if args.spt:
-        spt = resume["spt"] if resuming_ft else pretrain(args, cfg, meta, splits, run_dir, device, resume)
-        seconds["spt"] = spt["seconds"]
-    if (args.spt or args.init_from) and not resuming_ft:                # else last.pt holds the whole state
-        load_pretrained(classifier, args, run_dir, device, init_ck)
-    phase = Phase("finetune", args.epochs, args.lr, args.batch_size, args.accum_steps, "best.pt", "acc")
-    ft = run_phase(phase, classifier, partial(finetune_inputs, task=args.task, device=device), splits, args, run_dir,
-                   dict(meta, spt=spt), resume if resuming_ft else None)
-    seconds["finetune"] = ft["seconds"]
-    t_test = time.time()
-    try:
-        test = test_best(classifier, args, splits, run_dir, device)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt("the test") from None
-    seconds["test"] = time.time() - t_test
-    spt_text = " | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items()) if spt else ""
-    log(run_dir, f"test | acc {test['acc']:.4f} | loss {test['loss']:.4f} | best val_acc {ft['best']:.4f} "
-        f"(epoch {ft['epoch']}){spt_text}", {"phase": "test", "test_acc": test["acc"], "test_loss": test["loss"]})
-    settings = {"span": ["span_mean"], "rtd": ["gen_width", "gen_layers", "rtd_weight", "gdes"]}.get(args.objective, [])
-    objective = {k: getattr(args, k) for k in ["objective", "mask_ratio", *settings]} if args.spt else None
-    spt_val = spt and {"name": spt["metric"], "value": spt["best"], "epoch": spt["epoch"], **spt["val"]}
-    return {"test_acc": test["acc"], "test_loss": test["loss"], "best_val_acc": ft["best"], "best_epoch": ft["epoch"],
-            "spt_val_metric": spt_val, "spt_objective": objective, "wall_time_s": seconds}
 
 
 if __name__ == "__main__":
