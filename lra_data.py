@@ -32,7 +32,7 @@ import listops
 import lra_files
 import pathfinder
 from listops import LISTOPS_SYMBOLS
-from lra_files import EOS, N_SPECIAL, PAD, DataError
+from lra_files import EOS, N_SPECIAL, PAD, DataError, plural
 from pathfinder import DIFFICULTIES, GENERATED_MARK, describe_folder, measure_speed
 # Re-exported: callers and tests use these as lra_data.<name>. Readers and generators are called through their module
 # (lra_files.imdb_rows, pathfinder.generate_pathfinder), so a test that patches them there is obeyed here.
@@ -143,7 +143,7 @@ def _build_pathfinder(folder, side, workers, paths, labels, store):
     if not paths:
         raise DataError(f"{folder / 'metadata'}: the metadata files list no images")
     jobs = [(paths[i: i + 256], side) for i in range(0, len(paths), 256)]
-    with multiprocessing.Pool(workers) if workers > 1 else contextlib.nullcontext() as pool:
+    with multiprocessing.Pool(workers, pathfinder.ignore_ctrl_c) if workers > 1 else contextlib.nullcontext() as pool:
         blocks = pool.imap(lra_files.read_pngs, jobs) if pool else map(lra_files.read_pngs, jobs)
         return _write_pixels(store, "all", labels, side * side, blocks)
 
@@ -162,7 +162,11 @@ def _cached(store, src, stamp, build):
     if meta.get("version") == CACHE_VERSION and meta.get("source") == str(src) and meta.get("stamp") == stamp:
         return meta["sizes"], meta["notes"]
     tmp = store.with_name(f"{store.name}.building-{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+    except OSError as e:                        # read-only, not a folder, no such place: the user's to fix
+        raise DataError(f"cannot make the cache folder {store.parent} ({e.strerror}); pass --cache-dir "
+                        f"<a writable folder>") from None
     print(f"caching {src} -> {store}")
     notes = []
     try:
@@ -448,10 +452,21 @@ def load(task, split, data_dir="data", *, data_fraction=1.0, seed=0, lra_val=Fal
     part, index = _split(task, split, sizes, lra_val)
     if len(index) == 0:
         raise DataError(f"{task}: the {split} split read from {src} is empty; check the files there (or generate more)")
+    if max_len is not None:                     # cut at read time (the cache keeps LRA's length): say how many
+        cut = _cut_count(store, part, index, max_len, TASKS[task].pair)
+        notes = notes + [f"--max-len {max_len}: {plural(cut, 'document')} of the {split} split cut to {max_len - 1} "
+                         f"tokens + EOS"] * (cut > 0)
     if split == "train" and data_fraction < 1:
         keep = torch.randperm(len(index), generator=torch.Generator().manual_seed(seed))
         index = index[np.sort(keep[: max(1, round(data_fraction * len(index)))].numpy())]
     return LRADataset(task, store, part, index, source, max_len, notes)
+
+
+def _cut_count(store, part, index, max_len, pair):
+    """How many documents of the examples `index` of a cached token part are longer than max_len."""
+    lengths = np.diff(np.load(store / f"{part}.off.npy"))                # (documents,)
+    docs = np.stack([2 * index, 2 * index + 1], 1).ravel() if pair else index
+    return int((lengths[docs] > max_len).sum())
 
 
 def main(argv=None):
@@ -465,7 +480,12 @@ def main(argv=None):
     p.add_argument("--difficulty", choices=DIFFICULTIES, default="hard", help="pathfinder tasks: contour 6, 9 or 14")
     p.add_argument("--lra-val", action="store_true", help="text, image: validate on the test set, as LRA did")
     p.add_argument("--speed", action="store_true", help="pathfinder tasks: images/s of the generator")
+    p.error = lambda message: (print(f"lra_data.py: error: {message} (python lra_data.py --help lists the flags)",
+                                     file=sys.stderr), sys.exit(2))
     args = p.parse_args(argv)
+    if args.generate is not None and args.generate < 10 or args.workers < 1:
+        p.error(f"--generate {args.generate} must be at least 10" if args.workers >= 1 else
+                f"--workers {args.workers} must be at least 1")
     if args.speed and args.task in PATHFINDER_TASKS:
         res = TASKS[args.task].side
         contour_length = DIFFICULTIES[args.difficulty].contour_length
@@ -485,7 +505,7 @@ def main(argv=None):
             balance = " ".join(f"{c}:{k / max(len(ds), 1):.1%}" for c, k in enumerate(counts))
             print(f"{split:5s} {len(ds):7d} examples | labels {balance}")
     except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"lra_data.py: error: {e}", file=sys.stderr)
         return 2
     return 0
 

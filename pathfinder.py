@@ -11,6 +11,7 @@ import io
 import math
 import multiprocessing
 import random
+import signal
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -466,10 +467,14 @@ def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers
     with open(out / GENERATED_MARK, "a") as f:
         f.write(f"generate_pathfinder(res={res}, n={n}, contour_length={contour_length}, seed={seed})\n")
     with tqdm(total=n, desc=f"pathfinder{res}/{out.name}", unit="img") as bar, \
-            multiprocessing.Pool(workers) if workers > 1 else contextlib.nullcontext() as pool:
+            multiprocessing.Pool(workers, ignore_ctrl_c) if workers > 1 else contextlib.nullcontext() as pool:
         for done in pool.imap_unordered(_write_batch, jobs) if pool else map(_write_batch, jobs):
             bar.update(done)
     return out
+
+
+def ignore_ctrl_c():                      # a worker's initializer: Ctrl-C is the parent's, which stops the pool
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def measure_speed(res=32, contour_length=14, seconds=3.0):

@@ -198,7 +198,8 @@ def apply_presets(args):
         if getattr(args, key) is not None:
             config_kw[key] = getattr(args, key)
     task = lra_data.TASKS[args.task]
-    args.pretrain_batch_size = args.pretrain_batch_size or args.batch_size   # CPU presets: one batch size
+    if args.pretrain_batch_size is None:                                  # CPU presets: one batch size
+        args.pretrain_batch_size = args.batch_size
     args.pool = args.pool or task.pool
     args.mask_ratio = task.mask_ratio if args.mask_ratio is None else args.mask_ratio
     step = 2 * config_kw.get("n_heads", 1) if args.model == "transformer" else 1   # even heads (rotary pairs)
@@ -276,10 +277,11 @@ def check_flags(args, config_kw):
     try:
         if args.spt and args.objective == "rtd":                         # the generator: same family, narrower
             model_config(args.model, args.task, {**config_kw, "d_model": args.gen_width, "n_layers": args.gen_layers})
-        return model_config(args.model, args.task, config_kw, args.causal)
+        cfg = model_config(args.model, args.task, config_kw, args.causal)
     except ValueError as e:
         raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, --dropout, "
                          f"--gen-width, --gen-layers or the preset)") from None
+    return cfg
 
 
 # ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------------------------

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -78,6 +79,13 @@ def hold_lock(folder):
     return f
 
 
+def release_lock(lock, folder):
+    """Give a run folder's lock (from hold_lock) back and remove its file; None: nothing to give back."""
+    if lock is not None:
+        (Path(folder) / ".lock").unlink(missing_ok=True)
+        lock.close()
+
+
 def git_commit():
     """Short commit of the repo this file is in (plus -dirty), or 'unknown' outside git."""
     here = Path(__file__).resolve().parent
@@ -115,8 +123,8 @@ def all_sum(total):
 
 
 def setup_device(args):
-    """-> (device, world size): checks --device and that the global batches split over the processes; settles
-    --precision (printed, stored in config.json) and --workers for this device."""
+    """-> (device, world size): checks --device, that the global batches split over the processes and that --out
+    can be written (making --out itself); settles --precision (printed, in config.json) and --workers."""
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
@@ -135,6 +143,14 @@ def setup_device(args):
         if getattr(args, flag) % world:
             fail(f"--{flag.replace('_', '-')} {getattr(args, flag)} is the global batch: it must split evenly over "
                  f"the {world} processes")
+    if not args.resume and int(os.environ.get("RANK", 0)) == 0:   # known now, not after the data was prepared:
+        probe = Path(args.out).resolve()                         # try writing where the run folder will be made
+        while not probe.exists():
+            probe = probe.parent
+        try:
+            tempfile.TemporaryFile(dir=probe).close()
+        except OSError as e:
+            fail(f"--out {args.out}: cannot write there ({e.strerror}); pass a writable folder")
     return device, world
 
 
@@ -207,9 +223,11 @@ def collate_bucketed(batch):
 
 def startup_lines(args, how, notes, device, world, threads, splits, source, data_notes, classifier, meta, t_data):
     """What the run prints first (and log.txt keeps): preset, plan, device, every setting, data, model, sizes."""
-    plan = (f"SPT {args.objective}{f' (mask ratio {args.mask_ratio})' if args.objective == 'masked' else ''}, "
-            f"then fine-tune" if args.spt else f"fine-tune from {args.init_from}" if args.init_from
-            else "from scratch (TFS)")
+    knobs = {"masked": f"mask ratio {args.mask_ratio}", "span": f"mask ratio {args.mask_ratio}, span mean "
+             f"{args.span_mean}", "rtd": f"mask ratio {args.mask_ratio}, generator {args.gen_width}x{args.gen_layers}, "
+             f"λ {args.rtd_weight}, {'GDES' if args.gdes else 'shared embedding'}"}.get(args.objective)
+    plan = (f"SPT {args.objective}{f' ({knobs})' if knobs else ''}, then fine-tune" if args.spt
+            else f"fine-tune from {args.init_from}" if args.init_from else "from scratch (TFS)")
     extras = f"{f' × {world} processes (DDP)' if world > 1 else ''} | precision {args.precision}" + \
         (" + torch.compile" if args.compile else "")
     n_backbone = sum(p.numel() for p in classifier.backbone.parameters())
@@ -229,8 +247,13 @@ def stopped_by_ctrl_c(run_dir, where):
     """One line instead of a KeyboardInterrupt traceback: where the run stopped, what is saved, how to go on."""
     last = read_checkpoint(run_dir / "last.pt") if (run_dir / "last.pt").is_file() else None
     saved = f"last.pt holds {last['phase']} epoch {last['epoch']}" if last else "no checkpoint yet"
-    then = f"continue with: python train.py --resume {run_dir}" if last else "start the run again"
-    print(f"train.py: stopped by Ctrl-C at {where}; {saved}; {then}", file=sys.stderr)
+    then = (f"continue with: python train.py --resume {run_dir}" if last else
+            f"start the run again ({run_dir} holds no checkpoint: delete it)")
+    line = f"train.py: stopped by Ctrl-C at {where}; {saved}; {then}"
+    print(line, file=sys.stderr)
+    if rank_and_world()[0] == 0:                                         # the log says how the run ended, too
+        with open(run_dir / "log.txt", "a") as f:
+            f.write(line + "\n")
     raise SystemExit(130)
 
 
@@ -286,6 +309,12 @@ def restore_training_state(ck, model, opt, sched, gens, device, scaler=None):
         g.set_state(ck["rng"][k])
 
 
+def ck_args(folder):
+    """The settings a run folder's config.json records (empty if it has none)."""
+    path = Path(folder) / "config.json"
+    return json.loads(path.read_text()).get("args", {}) if path.is_file() else {}
+
+
 RESUME_MAY_CHANGE = {"resume", "device", "workers"}    # settings a resumed run may take from the new command line
 
 
@@ -298,15 +327,22 @@ def resume_settings(args, given, defaults):
         fail(f"--resume {folder}: no such run folder")
     finished = lambda: (folder / "results.json").is_file()
     lock = None if finished() else hold_lock(folder)                    # then nothing can finish it behind our back
+    try:
+        return resume_checks(args, given, defaults, folder, finished) + (lock,)
+    except BaseException:                                                # refused: give the folder back at once
+        release_lock(lock, folder)
+        raise
+
+
+def resume_checks(args, given, defaults, folder, finished):
+    """The checks of resume_settings, under the folder's lock -> (the run's own settings, its last.pt)."""
     if finished():
-        if lock is not None:
-            (folder / ".lock").unlink(missing_ok=True)
-            lock.close()
         print(f"train.py: {folder} has finished (results.json is there); nothing to resume, nothing changed")
         raise SystemExit(0)
     if not (folder / "last.pt").is_file():
         fail(f"--resume {folder}: no last.pt in that folder (a run writes it at its first evaluation)")
-    changed = sorted(given - RESUME_MAY_CHANGE)
+    saved_args = ck_args(folder)
+    changed = sorted(k for k in given - RESUME_MAY_CHANGE if saved_args.get(k, defaults.get(k)) != getattr(args, k))
     if changed:
         flags = ", ".join("--" + k.replace("_", "-") for k in changed)
         fail(f"--resume continues a run with its own settings; {flags} "
@@ -327,7 +363,7 @@ def resume_settings(args, given, defaults):
              f"and RNG states belong to that device type; --device may pick another device of that type)")
     saved = {**defaults, **ck["args"]}                          # flags newer than the checkpoint: their defaults
     saved["pretrain_batch_size"] = saved.get("pretrain_batch_size") or saved["batch_size"]
-    return argparse.Namespace(**{**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE}}), ck, lock
+    return argparse.Namespace(**{**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE}}), ck
 
 
 @contextlib.contextmanager
@@ -361,6 +397,4 @@ def run_folder(args, meta, lines, lock=None):
             log(folder, line)
         yield folder
     finally:
-        if lock is not None:                                             # a run's own lock goes with the run
-            (folder / ".lock").unlink(missing_ok=True)
-            lock.close()
+        release_lock(lock, folder)                                       # a run's own lock goes with the run

@@ -357,7 +357,9 @@ def load_data(args):
     except lra_data.DataError as e:
         fail(str(e))
     except KeyboardInterrupt:                   # a half-built cache is removed by lra_data; no run folder exists yet
-        print("train.py: stopped by Ctrl-C while preparing the data; no run folder was made", file=sys.stderr)
+        print("train.py: stopped by Ctrl-C while preparing the data; no run folder was made; a half-built cache is "
+              "removed, but data being generated is left half made: delete that folder (it holds "
+              "generated_by_lra_data.txt) before running again", file=sys.stderr)
         raise SystemExit(130) from None
     notes = list(dict.fromkeys(n for s in splits.values() for n in getattr(s, "notes", [])))   # each note once
     source = getattr(splits["train"], "source", "unknown")
@@ -451,6 +453,10 @@ def main(argv=None):
     if args.resume:                                                      # the run's own settings, its last.pt, and
         args, resume, lock = resume_settings(args, given, defaults)      # its lock, held until the run ends
     config_kw, notes = apply_presets(args)                               # preset first, then explicit flags win
+    spt_only = sorted(given & {"objective", "mask_ratio", "span_mean", "gen_width", "gen_layers", "rtd_weight", "gdes",
+                               "pretrain_epochs", "pretrain_lr", "pretrain_batch_size", "pretrain_accum_steps"})
+    if spt_only and not args.spt:
+        notes.append(f"note: {', '.join('--' + k.replace('_', '-') for k in spt_only)} only act with --spt: ignored")
     try:
         cfg = check_flags(args, config_kw)                               # every flag, before anything is written
     except ValueError as e:

@@ -513,3 +513,21 @@ def test_loading_shared_data_writes_nothing_into_it(shared_data, tmp_path):
     load("text", "val", shared_file(shared_data, "text/aclImdb_sample"), cache_dir=tmp_path)
     after = {p: p.stat().st_mtime_ns for p in [shared_data, *shared_data.rglob("*")] if p.is_dir()}
     assert after == before, "a folder under the shared data changed"
+
+
+def test_max_len_cuts_are_counted_in_the_notes(tmp_path):
+    folder = tmp_path / "aclImdb"
+    for split in ("train", "test"):
+        for label in ("pos", "neg"):
+            (folder / split / label).mkdir(parents=True)
+            for i in range(4):
+                (folder / split / label / f"{i}_7.txt").write_bytes(b"x" * (10 + 100 * i))   # 10, 110, 210, 310 bytes
+    ds = load("text", "test", tmp_path, cache_dir=tmp_path / "cache", max_len=128)
+    assert any("--max-len 128: 4 documents of the test split cut to 127 tokens + EOS" in n for n in ds.notes), ds.notes
+
+
+def test_cli_errors_are_one_line_named_after_the_script(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        lra_data.main(["--task", "listops", "--data-dir", str(tmp_path), "--generate", "-5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("lra_data.py: error: --generate -5"), err

@@ -130,6 +130,7 @@ def test_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(stop_in,
     message = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train.py:")]   # not tqdm's
     assert stop.value.code == 130 and len(message) == 1 and f"--resume {cut_dir}" in message[0], message
     assert f"at {stop_in} epoch 2/3, step 5" in message[0], message             # 5 steps done, the 6th hit
+    assert message[0] in (cut_dir / "log.txt").read_text(), "log.txt does not say how the run ended"
     assert torch.load(cut_dir / "last.pt", weights_only=True)["phase"] == stop_in
     resumed = train.main(["--resume", str(cut_dir)])
     for key in ("test_acc", "test_loss", "best_val_acc"):
@@ -183,6 +184,8 @@ def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir,
     (["--device", "foo"], "--device foo"),
     (["--device", "cuda:7"], "--device cuda:7"),
     (["--accum-steps", "0"], "--accum-steps 0"),
+    (["--pretrain-batch-size", "0"], "--pretrain-batch-size 0"),
+    (["--cache-dir", "/proc/cache"], "cannot make the cache folder"),        # no folder can be made in /proc
     (["--task", "image", "--spt", "--objective", "rtd"], "--objective rtd"),   # L1 values: nothing to sample from
     (["--spt", "--objective", "span", "--span-mean", "0.5"], "--span-mean 0.5"),
     (["--spt", "--objective", "rtd", "--gen-width", "0"], "--gen-width 0"),
@@ -287,6 +290,8 @@ def test_resume_refuses_flags_that_would_change_the_run(stopped_run, capsys):
     before = (stopped_run / "log.txt").read_text()
     exits_with_one_line(["--resume", str(stopped_run), "--epochs", "5", "--lr", "1.0"], capsys, "--epochs, --lr")
     assert (stopped_run / "log.txt").read_text() == before, "a refused --resume wrote to the log"
+    results = train.main(["--resume", str(stopped_run), "--task", "listops", "--spt"])   # the run's own values: fine
+    assert 0 <= results["test_acc"] <= 1
 
 
 def test_resume_of_a_folder_in_use_refuses_without_writing(stopped_run, capsys):
@@ -463,3 +468,10 @@ def test_precision_is_printed_and_stored_in_config_json(flags, name, data_dir, t
     results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "1", *flags)
     assert json.loads((run_dir / "config.json").read_text())["args"]["precision"] == name
     assert f"precision {name}" in (run_dir / "log.txt").read_text() and 0 <= results["test_acc"] <= 1
+
+
+def test_flags_of_self_pre_training_without_spt_are_named_as_ignored(data_dir, tmp_path):
+    _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "1", "--objective", "rtd",
+                     "--mask-ratio", "0.3")
+    note = next(line for line in (run_dir / "log.txt").read_text().splitlines() if "only act with --spt" in line)
+    assert "--mask-ratio" in note and "--objective" in note and note.endswith("ignored"), note
