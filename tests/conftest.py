@@ -1,4 +1,5 @@
-"""Shared test fixtures: where the real data lives, one thread for tiny tensors, and a tiny train.py run."""
+"""Shared test fixtures: where the real data lives, one thread for tiny tensors, a tiny train.py run, float64."""
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -42,3 +43,22 @@ def run(data_dir, out, *flags):
 def records(run_dir):
     """The log.jsonl records of a run folder, in order."""
     return [json.loads(line) for line in (Path(run_dir) / "log.jsonl").read_text().splitlines()]
+
+
+def shared_file(shared_data, rel):
+    """A file of the real data folder, or skip the test saying which is missing."""
+    path = shared_data / rel
+    if not path.exists():
+        pytest.skip(f"shared file {path} not found")
+    return path
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """Build modules with float64 parameters from the start (init is computed in float64, then cast)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)

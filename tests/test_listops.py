@@ -5,15 +5,11 @@ import pytest
 
 from listops import LISTOPS_ID, evaluate_listops, generate_listops, listops_tokens
 from lra_files import N_SPECIAL, DataError
+from conftest import shared_file
 
 LISTOPS_TEST = "listops/nyu_listops_original/test_d20s.tsv"
 
 
-def shared_file(shared_data, rel):
-    path = shared_data / rel
-    if not path.exists():
-        pytest.skip(f"shared file {path} not found")
-    return path
 
 
 def operator_depth_and_arity(tokens):

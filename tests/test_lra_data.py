@@ -17,16 +17,12 @@ import lra_data
 import lra_files
 import pathfinder
 from lra_data import EOS, PAD, TASKS, DataError, collate, load, normalize
+from conftest import shared_file
 
 LISTOPS_TEST = "listops/nyu_listops_original/test_d20s.tsv"
 PF32 = "pathfinder_ref/pathfinder32/curv_contour_length_14"
 
 
-def shared_file(shared_data, rel):
-    path = shared_data / rel
-    if not path.exists():
-        pytest.skip(f"shared file {path} not found")
-    return path
 
 
 # ----------------------------------------------------------------------------- ListOps

@@ -1,6 +1,5 @@
 """Tests for s4.py, each named after the numerical fact it checks (float64 for equivalences, tiny sizes, CPU).
 The block's facts, shared by every kernel (FFT conv, recurrence == convolution, causality, padding): test_ssm.py."""
-import contextlib
 
 import pytest
 import torch
@@ -8,17 +7,9 @@ import torch
 import s4
 import ssm
 from s4 import S4Config, S4Kernel, bilinear_power, full, hippo_legs, nplr_legs, s4d_init
+from conftest import default_dtype
 
 
-@contextlib.contextmanager
-def default_dtype(dtype):
-    """Build modules with float64 parameters from the start (init is computed in float64, then cast)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def bilinear_powers(A, B, C, dt, L):

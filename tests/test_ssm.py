@@ -1,6 +1,5 @@
 """Tests for ssm.py, the block S4, S4D and DLR share: each test runs over every kernel (S4 NPLR, S4D, DLR) and is
 named after the fact it checks (float64 for equivalences, tiny sizes, CPU). Kernel math lives in test_s4/test_dlr."""
-import contextlib
 import copy
 
 import pytest
@@ -12,6 +11,7 @@ import s4
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
 from ssm import RFFT, SSMLayer, fft_conv, masked_batch_norm, vandermonde
+from conftest import default_dtype
 
 # name -> (Config, Kernel, Backbone, SSM_PARAMS, the config fields that pick the kernel, d_state of the small tests)
 KERNELS = {
@@ -28,15 +28,6 @@ def config(name, **fields):
     return Config(**{"d_state": d_state, **picks, **fields})
 
 
-@contextlib.contextmanager
-def default_dtype(dtype):
-    """Build modules with float64 parameters from the start (init is computed in float64, then cast)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def kernel_of(name, **fields):
