@@ -47,8 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--memory", action="store_true", help="estimate the peak memory of the --preset paper runs instead")
     p.add_argument("--gpu-check", action="store_true", help="layers, short paper runs, TFS vs SPT (see gpu_check)")
     p.add_argument("--minutes", type=float, default=10.0, help="--gpu-check: time budget; what does not fit is skipped")
-    p.add_argument("--check-scale", choices=["paper", "tiny"], default=None, help="--gpu-check sizes (default: paper on "
-                   "cuda, tiny on cpu: width 16, one layer, a few steps)")
+    p.add_argument("--check-scale", choices=["paper", "tiny"], default=None,
+                   help="--gpu-check sizes (default: paper on cuda, tiny on cpu: width 16, one layer, a few steps)")
     p.add_argument("--out-dir", default=None, help="--gpu-check: output folder (default results/gpu/<device>)")
     p.add_argument("--lengths", type=int, nargs="+", default=None, help=f"lengths L (default {FULL['lengths']})")
     p.add_argument("--batch", type=int, default=4, help="B of one layer's forward+backward")

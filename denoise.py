@@ -185,7 +185,8 @@ class ReplacedTokenDetection(nn.Module):
             if gdes:
                 backbone.encoder = GDESEmbedding(table)
         else:
-            assert levels is not None and levels.shape == (n_out,) and levels.is_floating_point(), "levels: (256,) float"
+            assert levels is not None and levels.shape == (n_out,) and levels.is_floating_point(), \
+                "levels: (256,) float"
         self.backbone, self.generator, self.tokens = backbone, generator, tokens
         self.gen_head = nn.Linear(d_gen, n_out)
         self.disc_head = nn.Linear(d_model, 1)

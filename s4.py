@@ -95,8 +95,9 @@ def full_dot(a, b):
 def bilinear_power(Lambda, P, C, dt, L):
     """C Ā^L for the bilinear Ā of A = Λ − PP* (all N modes); returns its pair half, (Hk, N/2) complex.
     Ā = (I − hA)⁻¹(I + hA) = 2(I − hA)⁻¹ − I with h = Δ/2, and I − hA = diag(d) + h·pp* is diagonal plus rank one:
-    Sherman–Morrison gives Ā = diag(2/d − 1) − β·q r in O(N²), no batched N×N solve. Ā^L by repeated squaring, log L matmuls, in real coordinates: the system is real, so Ā on [x, x̄]
-    is a real N×N matrix on [Re x, Im x], and a real matmul takes a quarter of the flops of a complex one."""
+    Sherman–Morrison gives Ā = diag(2/d − 1) − β·q r in O(N²), no batched N×N solve. Ā^L by repeated squaring, log L
+    matmuls, in real coordinates: the system is real, so Ā on [x, x̄] is a real N×N matrix on [Re x, Im x], and a real
+    matmul takes a quarter of the flops of a complex one."""
     n, h = Lambda.shape[1], (dt / 2)[:, None]                                        # N/2, (Hk, 1)
     lam, p = full(Lambda), full(P)                                                   # (Hk, N) complex each
     d = 1 - h * lam                                                                  # (Hk, N), I − hΛ

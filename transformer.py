@@ -225,8 +225,8 @@ class Transformer(nn.Module):
 
     forward(inputs, lengths=None) -> (B, L, D) float features (no head; heads.py holds the heads).
     inputs: (B, L) long tokens when cfg.vocab_size is set, else (B, L, d_input) float. lengths: (B,) long; None means
-    no padding: heads.to_device passes None for a batch without pads (it knows that on the host; finding it out here would
-    make the host wait for the device), and then no attention call gets a mask. Raises ValueError when lengths is
+    no padding: heads.to_device passes None for a batch without pads (it knows that on the host; finding it out here
+    would make the host wait for the device), and then no attention call gets a mask. Raises ValueError when lengths is
     not of shape (B,). Positions ≥ lengths[b] are padding and do not change the features at real positions. Whether
     attention is block-local depends on the padded batch length L, so that guarantee needs a lone sequence and its
     padded batch on the same side of local_min_len; in LRA every task that long (PathX, PathX-256) has fixed length.

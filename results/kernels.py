@@ -33,7 +33,8 @@ def profiles_of_run(folder, config, L=None):
     folder with best.pt (and spt.pt after SPT); config: its config.json."""
     args, name = config["args"], config["model_name"]
     L = L or args.get("max_len") or lra_data.TASKS[config["task"]].max_len
-    torch.manual_seed(args["seed"])                     # as train.py: manual_seed(seed), then build_model (backbone first)
+    # as train.py: manual_seed(seed), then build_model (backbone first)
+    torch.manual_seed(args["seed"])
     stages = {"init": kernel_profiles(train.build_model(config).backbone, L)}
     for stage, file in (("spt", "spt.pt"), ("finetune", "best.pt")):
         if (folder / file).is_file():
@@ -49,7 +50,8 @@ def main(argv=None):
     p.add_argument("runs", help="folder whose subfolders are train.py run folders")
     p.add_argument("--task", choices=lra_data.TASKS, default=None, help="only runs of this task (default: all)")
     p.add_argument("--length", type=int, default=None, help="kernel length L (default: the run's longest input)")
-    p.add_argument("--clean", action="store_true", help="afterwards delete the checkpoints (*.pt) of every finished run")
+    p.add_argument("--clean", action="store_true",
+                   help="afterwards delete the checkpoints (*.pt) of every finished run")
     args = p.parse_args(argv)
     runs = Path(args.runs)
     folders = sorted(f for f in runs.iterdir() if (f / "results.json").is_file()) if runs.is_dir() else []
@@ -57,7 +59,8 @@ def main(argv=None):
         sys.exit(f"kernels.py: no finished run folders (with results.json) in {args.runs}")
     for folder in folders:
         config = json.loads((folder / "config.json").read_text())
-        if (config["model_name"] in ("s4", "dlr") and args.task in (None, config["task"]) and (folder / "best.pt").is_file()
+        if (config["model_name"] in ("s4", "dlr") and args.task in (None, config["task"])
+                and (folder / "best.pt").is_file()
                 and not config["args"].get("init_from")):          # an --init-from run did not start from its seed
             (folder / "kernels.json").write_text(json.dumps(profiles_of_run(folder, config, args.length)) + "\n")
             print(f"wrote {folder / 'kernels.json'}")

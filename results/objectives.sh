@@ -17,7 +17,8 @@ mkdir -p "$OUT" "$CACHE"
 # model's lr without decay), 20 warm-up steps then constant, 4,000 training reviews cut to 511 bytes + EOS, 500 val
 # and 500 test reviews, val every 250 steps; 1,250 fine-tuning steps, 750 SPT steps before them (mask ratio 0.15).
 # rtd: a 1-layer generator of width 16 (train.py's default, D/4), λ = 50, GDES embedding sharing.
-COMMON="--preset tiny --d-model 64 --n-layers 2 --batch-size 16 --max-eval 500 --device cpu --out $OUT --cache-dir $CACHE"
+COMMON="--preset tiny --d-model 64 --n-layers 2 --batch-size 16 --max-eval 500 --device cpu"
+COMMON="$COMMON --out $OUT --cache-dir $CACHE"
 TEXT="--task text --data-dir $SHARED/text --max-len 512 --max-train 4000"
 
 commands() {
@@ -25,15 +26,18 @@ commands() {
         for model in transformer s4 dlr; do
             echo "python train.py --model $model --seed $seed $COMMON $TEXT --epochs 5"
             for objective in masked span rtd; do
-                echo "python train.py --model $model --spt --objective $objective --seed $seed $COMMON $TEXT --epochs 5 --pretrain-epochs 3"
+                echo "python train.py --model $model --spt --objective $objective --seed $seed $COMMON $TEXT" \
+                    "--epochs 5 --pretrain-epochs 3"
             done
         done
     done
     for seed in 0 1 2; do          # compute-tied: 500 SPT + 750 fine-tuning steps, and 750 + 500 (250 steps an epoch)
         for model in transformer s4; do
             for objective in masked rtd; do
-                echo "python train.py --model $model --spt --objective $objective --seed $seed $COMMON $TEXT --epochs 3 --pretrain-epochs 2"
-                echo "python train.py --model $model --spt --objective $objective --seed $seed $COMMON $TEXT --epochs 2 --pretrain-epochs 3"
+                echo "python train.py --model $model --spt --objective $objective --seed $seed $COMMON $TEXT" \
+                    "--epochs 3 --pretrain-epochs 2"
+                echo "python train.py --model $model --spt --objective $objective --seed $seed $COMMON $TEXT" \
+                    "--epochs 2 --pretrain-epochs 3"
             done
         done
     done
@@ -41,5 +45,6 @@ commands() {
 
 export OMP_NUM_THREADS=1             # one core per process: two small processes beat one with two threads here
 # each run's own log is log.txt in its folder; the console output (progress bars) is kept only when the run fails
-commands | xargs -P "$JOBS" -I{} sh -c 'out=$(mktemp); {} > "$out" 2>&1 || { echo "failed: {}"; tail -n 3 "$out"; }; rm -f "$out"'
+commands | xargs -P "$JOBS" -I{} \
+    sh -c 'out=$(mktemp); {} > "$out" 2>&1 || { echo "failed: {}"; tail -n 3 "$out"; }; rm -f "$out"'
 python results/kernels.py "$OUT" --task text --clean      # kernel profiles of the S4/DLR runs; drop checkpoints

@@ -15,7 +15,8 @@ mkdir -p "$DATA" "$OUT"
 # ListOps: LRA's generator with shorter expressions (20 < length < 100, like the original ListOps, median 46 tokens)
 # instead of LRA's 500..2000: at LRA length a CPU-sized model stays at the majority class for the whole budget.
 if [ ! -f "$DATA/listops/listops-1000/basic_test.tsv" ]; then
-    python -c "import lra_data; lra_data.generate_listops('$DATA/listops', 20000, 1000, 1000, seed=0, min_length=20, max_length=100)"
+    python -c "import lra_data; lra_data.generate_listops('$DATA/listops', 20000, 1000, 1000, seed=0,
+               min_length=20, max_length=100)"
 fi
 
 # One setting for every model: width 64, 2 layers (N = 64), batch 16, AdamW lr 2e-3 (SSM parameters at the model's own
@@ -32,10 +33,12 @@ F05="--max-train 200 --epochs 97 --pretrain-epochs 58 --eval-every 19 --max-step
 # Pathfinder: the common setting stays at chance (results/explore, and the first slice in results/study), so one
 # longer pair instead of a grid: DLR (the fastest here), 4 layers, 20,000 generated *easy* images (contour length 6),
 # SSM lr 1e-3, 3,750 fine-tuning steps (3 epochs), SPT 1,250 steps (1 epoch); seed 0 only.
-PATHFINDER="--task pathfinder --difficulty easy --data-dir $DATA/pathfinder --generate 0 --max-train 0 --n-layers 4 --ssm-lr 1e-3 --epochs 3 --pretrain-epochs 1"
+PATHFINDER="--task pathfinder --difficulty easy --data-dir $DATA/pathfinder --generate 0 --max-train 0 --n-layers 4"
+PATHFINDER="$PATHFINDER --ssm-lr 1e-3 --epochs 3 --pretrain-epochs 1"
 if [ ! -d "$DATA/pathfinder/pathfinder32/curv_baseline" ]; then
     mkdir -p "$DATA/pathfinder"
-    python lra_data.py --task pathfinder --difficulty easy --data-dir "$DATA/pathfinder" --generate 25000 --workers "$JOBS"
+    python lra_data.py --task pathfinder --difficulty easy --data-dir "$DATA/pathfinder" --generate 25000 \
+        --workers "$JOBS"
 fi
 
 commands() {
@@ -47,9 +50,11 @@ commands() {
             done
         done
     done
-    for seed in 0 1 2; do   # ListOps: SPT did not beat TFS above; try 5x longer SPT, and mask ratio 0.3 (the cheap models)
+    # ListOps: SPT did not beat TFS above; try 5x longer SPT, and mask ratio 0.3 (the cheap models)
+    for seed in 0 1 2; do
         for model in transformer dlr; do
-            echo "python train.py --model $model --spt --seed $seed $COMMON $LISTOPS --max-train 4000 --epochs 5 --pretrain-epochs 15"
+            echo "python train.py --model $model --spt --seed $seed $COMMON $LISTOPS --max-train 4000 --epochs 5" \
+                "--pretrain-epochs 15"
             echo "python train.py --model $model --spt --seed $seed $COMMON $LISTOPS $FULL --mask-ratio 0.3"
         done
     done
@@ -67,5 +72,6 @@ commands() {
 
 export OMP_NUM_THREADS=1             # one core per process: two small processes beat one with two threads here
 # each run's own log is log.txt in its folder; the console output (progress bars) is kept only when the run fails
-commands | xargs -P "$JOBS" -I{} sh -c 'out=$(mktemp); {} > "$out" 2>&1 || { echo "failed: {}"; tail -n 3 "$out"; }; rm -f "$out"'
+commands | xargs -P "$JOBS" -I{} \
+    sh -c 'out=$(mktemp); {} > "$out" 2>&1 || { echo "failed: {}"; tail -n 3 "$out"; }; rm -f "$out"'
 python results/kernels.py "$OUT" --task text --clean      # kernel profiles of the S4/DLR Text runs; drop checkpoints

@@ -17,7 +17,8 @@ TINY = ["--preset", "tiny", "--d-model", "16", "--n-layers", "1", "--d-state", "
 
 @pytest.fixture
 def shared_data():
-    """Path to the real data folder (read-only: tests pass a cache_dir under tmp_path); skips, saying why, without it."""
+    """Path to the real data folder (read-only: tests pass a cache_dir under tmp_path); skips, saying why,
+    without it."""
     if not SHARED_DATA.is_dir():
         pytest.skip(f"real data folder {SHARED_DATA} not found (set LRA_SHARED_DATA to point at shared/data)")
     return SHARED_DATA

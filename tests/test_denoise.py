@@ -91,7 +91,8 @@ def test_causal_targets_are_shifted_exactly_once():
     next_tok = torch.cat([x[:, 1:], x[:, :1]], 1)                                # what position t should predict
     perfect = denoise.loss(one_hot(next_tok)[mask], target[mask]).item()
     copy = denoise.loss(one_hot(x)[mask], target[mask]).item()
-    assert perfect < 1e-4, f"a perfect next-token predictor scores {perfect:.4f}, want ≈ 0 (targets shifted twice or never?)"
+    assert perfect < 1e-4, \
+        f"a perfect next-token predictor scores {perfect:.4f}, want ≈ 0 (targets shifted twice or never?)"
     assert copy > 10, f"a copy-the-input predictor scores {copy:.4f}, want large (targets not shifted?)"
 
 
@@ -121,7 +122,8 @@ def test_spans_have_the_requested_mean_length_and_never_exceed_max_span():
         lengths_of_runs = runs(mask).double()
         mean = lengths_of_runs.mean().item()
         assert abs(mean / mean_span - 1) < 0.1, f"ratio {ratio}: mean masked run {mean:.2f}, asked for {mean_span}"
-        assert lengths_of_runs.max() <= max_span, f"a masked run of {lengths_of_runs.max():.0f} > {max_span}: spans touch"
+        assert lengths_of_runs.max() <= max_span, \
+            f"a masked run of {lengths_of_runs.max():.0f} > {max_span}: spans touch"
 
 
 def test_span_length_law_has_mean_exactly_mean_span():
@@ -242,7 +244,7 @@ def test_rtd_sampling_by_inverse_cdf_is_deterministic_and_follows_the_noise():
 
 
 def test_rtd_never_samples_excluded_ids():
-    rtd, (x_masked, lengths, original, mask, u, _) = token_rtd(True), token_batch()
+    rtd, (_, _, original, mask, u, _) = token_rtd(True), token_batch()
     logits = torch.zeros(B, L, V, dtype=torch.float64)
     logits[..., 0], logits[..., MASK_ID] = 30.0, 30.0                   # the pad and mask ids are all but certain
     replaced, _ = denoise.sample_replacements(logits + rtd.sample_bias, original, mask, u)

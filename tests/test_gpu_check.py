@@ -60,7 +60,8 @@ def test_gpu_check_skips_what_its_minutes_do_not_allow_and_says_so(tmp_path):
 
 
 def test_a_part_that_fails_or_overruns_records_its_error_and_the_check_goes_on():
-    assert "ZeroDivisionError" in gpu_check.attempt(lambda: 1 / 0, 0, 10)["error"], "a failing part must record its error"
+    assert "ZeroDivisionError" in gpu_check.attempt(lambda: 1 / 0, 0, 10)["error"], \
+        "a failing part must record its error"
     slow = gpu_check.attempt(lambda: time.sleep(5), 0, 0.2)
     assert slow["status"] == "error" and "OutOfTime" in slow["error"] and slow["seconds"] < 2, slow
 

@@ -1,6 +1,7 @@
 """Facts about `--preset paper` (the paper's Tables 2, 4, 5 and the authors' configs; presets.py): every paper-scale
-classifier train.py builds has the parameter count printed in the README ("Paper-preset model sizes"), and runs one forward and backward pass with a finite loss and finite
-gradients. The pass is at a reduced length (L = 128, B = 2) on CPU, so the GPU-sized models are checked in seconds."""
+classifier train.py builds has the parameter count printed in the README ("Paper-preset model sizes"), and runs one
+forward and backward pass with a finite loss and finite gradients. The pass is at a reduced length (L = 128, B = 2) on
+CPU, so the GPU-sized models are checked in seconds."""
 import dataclasses
 import math
 import re
@@ -50,10 +51,10 @@ def short_batch(task, B, gen):
     the second example is 17 shorter; retrieval pairs of two documents), as lra_data.collate gives the loader."""
     spec = lra_data.TASKS[task]
     if spec.kind == "pixels":
-        xs = [torch.randint(0, 256, (L,), generator=gen, dtype=torch.uint8) for _ in range(B)]           # (L,) each
+        xs = [torch.randint(0, 256, (L,), generator=gen, dtype=torch.uint8) for _ in range(B)]         # (L,) each
     else:
-        ids = lambda n: torch.randint(lra_data.N_SPECIAL, spec.vocab_size, (n,), generator=gen)          # (n,) real ids
-        doc = (lambda n: torch.stack([ids(n), ids(n)])) if spec.pair else ids                            # (2, n) or (n,)
+        ids = lambda n: torch.randint(lra_data.N_SPECIAL, spec.vocab_size, (n,), generator=gen)        # (n,) real ids
+        doc = (lambda n: torch.stack([ids(n), ids(n)])) if spec.pair else ids                          # (2, n) or (n,)
         xs = [doc(L - 17 * b) for b in range(B)]
     return lra_data.collate([(x, b % spec.n_classes) for b, x in enumerate(xs)])
 
@@ -63,7 +64,8 @@ def test_paper_preset_parameter_count_matches_the_table(model, task):
     classifier = paper_classifier(model, task)
     n = sum(p.numel() for p in classifier.parameters())
     assert n == EXPECTED_PARAMS[model, task], (f"{model}/{task} --preset paper has {n:,} parameters, the table says "
-                                               f"{EXPECTED_PARAMS[model, task]:,}: update EXPECTED_PARAMS and the README")
+                                               f"{EXPECTED_PARAMS[model, task]:,}: "
+                                               "update EXPECTED_PARAMS and the README")
 
 
 @pytest.mark.parametrize("model, task", CASES)
@@ -99,7 +101,8 @@ def readme_block():
 def test_readme_prints_the_paper_preset_parameter_counts():
     text = README.read_text(encoding="utf-8")
     section = re.search(rf"^#+ {re.escape(HEADING)}\s*$(.*?)(?=^#+ |\Z)", text, re.M | re.S)
-    assert section, f"README.md has no '{HEADING}' section; add it (from tests/test_paper_presets.py):\n{readme_block()}"
+    assert section, \
+        f"README.md has no '{HEADING}' section; add it (from tests/test_paper_presets.py):\n{readme_block()}"
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.group(1).splitlines()
             if line.strip().startswith("|") and not set(line) <= set("|-: ")]
     assert rows, f"README.md '{HEADING}' section has no table; expected:\n{readme_block()}"
@@ -116,7 +119,8 @@ def test_readme_prints_the_paper_preset_parameter_counts():
     want = {c: (EXPECTED_PARAMS[c], *(train.preset_values("paper", *c, spt=False)[k] for k in ("n_layers", "d_model")))
             for c in EXPECTED_PARAMS}
     diff = {c: (found.get(c), want.get(c)) for c in want.keys() | found.keys() if found.get(c) != want.get(c)}
-    assert not diff, f"README '{HEADING}' disagrees with the code, (README, code) per cell: {diff}\nexpected:\n{readme_block()}"
+    assert not diff, (f"README '{HEADING}' disagrees with the code, (README, code) per cell: {diff}\n"
+                      f"expected:\n{readme_block()}")
 
 
 def test_committed_table_of_paper_presets_and_their_sources_is_current():

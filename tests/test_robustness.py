@@ -93,17 +93,19 @@ def test_ddp_gradient_equals_the_one_process_gradient_of_the_global_batch(data_d
     (tmp_path / "probe.py").write_text(GRADIENT_PROBE)
     for n in (1, 2):
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-                               str(tmp_path / "probe.py"), str(tmp_path / f"grad{n}.pt"), "--out", str(tmp_path / str(n)),
-                               *flags], cwd=REPO, capture_output=True, text=True, timeout=120,
-                              env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+                               str(tmp_path / "probe.py"), str(tmp_path / f"grad{n}.pt"),
+                               "--out", str(tmp_path / str(n)), *flags], cwd=REPO, capture_output=True, text=True,
+                              timeout=120, env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
         assert done.returncode == 0, done.stderr[-3000:]
     one, two = (torch.load(tmp_path / f"grad{n}.pt") for n in (1, 2))
     torch.testing.assert_close(two, one, rtol=1e-5, atol=1e-7, msg="2-process gradient != 1-process gradient")
 
 
-def test_global_batch_that_does_not_split_over_the_processes_exits_with_status_2(data_dir, tmp_path, capsys, monkeypatch):
+def test_global_batch_that_does_not_split_over_the_processes_exits_with_status_2(data_dir, tmp_path, capsys,
+                                                                                 monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")                # as torchrun --nproc_per_node=3 would; checked before init
-    exits_with_one_line(["--data-dir", str(data_dir), "--out", str(tmp_path), *TINY, "--task", "listops"], capsys, "--batch-size 16")
+    exits_with_one_line(["--data-dir", str(data_dir), "--out", str(tmp_path), *TINY, "--task", "listops"], capsys,
+                        "--batch-size 16")
 
 
 # ---- resume, NaN guard --------------------------------------------------------------------------------------------
@@ -143,12 +145,14 @@ def test_resumed_run_ends_with_the_same_metrics_as_an_uninterrupted_one(stop_in,
 
 def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir, tmp_path):
     with pytest.raises(SystemExit) as e:                 # an absurd fine-tuning lr overflows the weights within steps
-        run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "1", "--epochs", "5",
-            "--lr", "1e30")
+        run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "1",
+            "--epochs", "5", "--lr", "1e30")
     message = str(e.value.code)
-    assert "finetune step" in message and "non-finite" in message and ("gradient of" in message or "value of" in message), message
+    assert ("finetune step" in message and "non-finite" in message
+            and ("gradient of" in message or "value of" in message)), message
     spt_pt = next(tmp_path.glob("*/spt.pt"))
-    assert all(v.isfinite().all() for v in torch.load(spt_pt, weights_only=True)["model"].values()), "spt.pt was spoiled"
+    assert all(v.isfinite().all() for v in torch.load(spt_pt, weights_only=True)["model"].values()), \
+        "spt.pt was spoiled"
 
 
 # ---- bad input: status 2, one line, no traceback --------------------------------------------------------------------
@@ -236,7 +240,8 @@ def test_malformed_tsv_row_exits_with_status_2_naming_file_and_line(tmp_path, ca
     folder = tmp_path / "tsv_data"
     folder.mkdir()
     for name in ("train", "eval", "test"):
-        (folder / f"new_aan_pairs.{name}.tsv").write_text("1.0\tid1\tid2\tsome text\tother text\n" + "not a row\n" * (name == "train"))
+        (folder / f"new_aan_pairs.{name}.tsv").write_text("1.0\tid1\tid2\tsome text\tother text\n"
+                                                          + "not a row\n" * (name == "train"))
     exits_with_one_line(["--task", "retrieval", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY], capsys,
                         "new_aan_pairs.train.tsv:2")
 
@@ -259,8 +264,8 @@ def spt_checkpoint(data_dir, tmp_path_factory):
     (["--model", "dlr", "--task", "pathfinder"], "dlr checkpoint for listops"),  # another task
     (["--model", "dlr", "--task", "listops", "--d-model", "8"], "d_model=16"),  # another shape
 ])
-def test_init_from_a_checkpoint_of_another_model_task_or_shape_exits_with_status_2(flags, says, spt_checkpoint, data_dir,
-                                                                                   tmp_path, capsys):
+def test_init_from_a_checkpoint_of_another_model_task_or_shape_exits_with_status_2(flags, says, spt_checkpoint,
+                                                                                   data_dir, tmp_path, capsys):
     exits_with_one_line(["--data-dir", str(data_dir), "--out", str(tmp_path), *TINY, "--init-from", str(spt_checkpoint),
                          "--generate", "200", *flags], capsys, says)
 
@@ -352,7 +357,7 @@ def test_fft_convolution_stays_float32_under_bf16_autocast(monkeypatch):
         seen.clear()
 
 
-# ---- memory -----------------------------------------------------------------------------------------------------------
+# ---- memory ---------------------------------------------------------------------------------------------------------
 
 CHILD = textwrap.dedent("""
     import json, resource, sys
@@ -435,7 +440,8 @@ def test_gradient_accumulation_over_k_micro_batches_equals_one_full_batch(task, 
     batch = lra_data.collate([data[i] for i in range(12)])
     Config, Model, _ = train.MODELS["s4"]
     spec, cpu = lra_data.TASKS[task], torch.device("cpu")
-    cfg = Config(d_model=8, n_layers=1, d_state=8, dropout=0.0, vocab_size=spec.vocab_size if task == "listops" else None,
+    cfg = Config(d_model=8, n_layers=1, d_state=8, dropout=0.0,
+                 vocab_size=spec.vocab_size if task == "listops" else None,
                  d_input=1 if task == "listops" else 2, norm="layer")
     if objective:
         model = heads.Denoiser(Model(cfg), 8, heads.n_outputs(task)).double()

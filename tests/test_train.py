@@ -7,7 +7,6 @@ import json
 import math
 import pickle
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
@@ -33,14 +32,16 @@ def fake_release(tmp_path_factory):
     """Random stand-ins in the official formats for the tasks with no generator: AAN retrieval TSVs (label written
     as 1.0, as in the release) and CIFAR-10 python batches. They exercise the two-tower head and the L1 pixel head."""
     root, gen = tmp_path_factory.mktemp("release"), torch.Generator().manual_seed(0)
-    text = lambda: bytes(torch.randint(97, 123, (int(torch.randint(20, 80, (1,), generator=gen)),), generator=gen).tolist()).decode()
+    text = lambda: bytes(torch.randint(97, 123, (int(torch.randint(20, 80, (1,), generator=gen)),),
+                                       generator=gen).tolist()).decode()
     (root / "tsv_data").mkdir()
     for name, n in (("train", 32), ("eval", 8), ("test", 8)):
         rows = [f"{i % 2}.0\tid{i}a\tid{i}b\t{text()}\t{text()}\n" for i in range(n)]
         (root / "tsv_data" / f"new_aan_pairs.{name}.tsv").write_text("".join(rows))
     (root / "cifar-10-batches-py").mkdir()
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        batch = {b"data": torch.randint(0, 256, (8, 3072), generator=gen, dtype=torch.uint8).numpy(), b"labels": list(range(8))}
+        batch = {b"data": torch.randint(0, 256, (8, 3072), generator=gen, dtype=torch.uint8).numpy(),
+                 b"labels": list(range(8))}
         (root / "cifar-10-batches-py" / name).write_bytes(pickle.dumps(batch))
     return root
 
@@ -50,14 +51,16 @@ def train_losses(run_dir, phase):
 
 
 # --preset paper at test size: only the model config keeps the paper's choices (here: S4's BatchNorm on ListOps)
-SMALL_PAPER = ["--d-model", "16", "--n-layers", "1", "--d-state", "16", "--batch-size", "16", "--pretrain-batch-size",
-               "16", "--epochs", "1", "--pretrain-epochs", "1", "--max-train", "16", "--max-eval", "8", "--generate", "0"]
+SMALL_PAPER = ["--d-model", "16", "--n-layers", "1", "--d-state", "16", "--batch-size", "16",
+               "--pretrain-batch-size", "16", "--epochs", "1", "--pretrain-epochs", "1", "--max-train", "16",
+               "--max-eval", "8", "--generate", "0"]
 
 
 @pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
 @pytest.mark.parametrize("task", ["pathfinder", "listops"])
 def test_tiny_spt_run_completes_and_denoising_loss_drops(model, task, data_dir, tmp_path):
-    results, run_dir = run(data_dir, tmp_path, "--model", model, "--task", task, "--spt", "--pretrain-epochs", "3", "--epochs", "1")
+    results, run_dir = run(data_dir, tmp_path, "--model", model, "--task", task, "--spt", "--pretrain-epochs", "3",
+                           "--epochs", "1")
     losses = train_losses(run_dir, "spt")
     assert losses[-1] < losses[0], f"{model}/{task}: SPT training loss did not drop: {losses}"
     assert all(map(math.isfinite, train_losses(run_dir, "finetune"))), "fine-tuning after SPT gave a non-finite loss"
@@ -73,8 +76,10 @@ def test_tiny_run_from_scratch_completes(model, task, data_dir, tmp_path):
     assert results["spt_val_metric"] is None and not (run_dir / "spt.pt").exists()
     if task == "listops":
         assert losses[-1] < losses[0], f"{model}/listops: training loss did not drop: {losses}"
-    else:  # Pathfinder from scratch sits at the class prior (≈ ln 2) for many steps: the paper's point; only check sanity
-        assert all(abs(loss - math.log(2)) < 0.3 for loss in losses), f"{model}/pathfinder: loss left the ln 2 plateau oddly: {losses}"
+    else:
+        # Pathfinder from scratch sits at the class prior (≈ ln 2) for many steps: the paper's point; only check sanity
+        assert all(abs(loss - math.log(2)) < 0.3 for loss in losses), \
+            f"{model}/pathfinder: loss left the ln 2 plateau oddly: {losses}"
 
 
 @pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
@@ -95,7 +100,8 @@ def test_tiny_run_of_each_new_objective_pre_trains_fine_tunes_and_tests(model, o
 
 @pytest.mark.parametrize("task", ["retrieval", "image"])
 def test_tiny_spt_run_on_retrieval_pairs_and_image_values(task, fake_release, tmp_path):
-    results, run_dir = run(fake_release, tmp_path, "--model", "dlr", "--task", task, "--spt", "--pretrain-epochs", "3", "--epochs", "1")
+    results, run_dir = run(fake_release, tmp_path, "--model", "dlr", "--task", task, "--spt",
+                           "--pretrain-epochs", "3", "--epochs", "1")
     losses = train_losses(run_dir, "spt")
     assert losses[-1] < losses[0], f"{task}: SPT training loss did not drop: {losses}"
     metric = "r2" if task == "image" else "acc"                          # Image is regressed (L1), with R²
@@ -141,7 +147,8 @@ def test_saved_checkpoint_reloads_to_identical_logits_and_test_accuracy(data_dir
     x = heads.model_input(x, "pathfinder")                                     # (B, L, 2)
     with torch.no_grad():
         assert torch.equal(model(x, lengths), again(x, lengths)), "two loads of one checkpoint disagree"
-    keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[: ck["args"]["max_eval"]]   # as train.py picks them
+    # as train.py picks them
+    keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[: ck["args"]["max_eval"]]
     subset = torch.utils.data.Subset(test, keep.sort().values.tolist())
     loader = torch.utils.data.DataLoader(subset, 16, collate_fn=lra_data.collate)
     prepare = partial(heads.finetune_inputs, task="pathfinder", device=torch.device("cpu"))
@@ -185,7 +192,8 @@ def test_param_groups_put_each_parameter_in_exactly_one_group(model):
         for p in g["params"]:
             leaf = names[id(p)].rsplit(".", 1)[-1]
             if leaf in ssm_names:
-                assert g["weight_decay"] == 0 and g["lr"] == 1e-4, f"SSM parameter {names[id(p)]} has the global lr/decay"
+                assert g["weight_decay"] == 0 and g["lr"] == 1e-4, \
+                    f"SSM parameter {names[id(p)]} has the global lr/decay"
             elif leaf == "bias" or "norm" in names[id(p)] or "encoder" in names[id(p)]:
                 assert g["weight_decay"] == 0, f"{names[id(p)]} (bias, norm or embedding) gets weight decay"
     assert any(g["weight_decay"] > 0 for g in groups), "nothing gets weight decay"
@@ -225,13 +233,16 @@ def test_load_backbone_refuses_any_unexpected_difference():
 
 
 def test_init_from_fine_tunes_a_saved_backbone(data_dir, tmp_path):
-    _, first = run(data_dir, tmp_path / "a", "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "1", "--epochs", "1")
-    results, again = run(data_dir, tmp_path / "b", "--model", "dlr", "--task", "listops", "--epochs", "1", "--init-from", str(first / "spt.pt"))
+    _, first = run(data_dir, tmp_path / "a", "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "1",
+                   "--epochs", "1")
+    results, again = run(data_dir, tmp_path / "b", "--model", "dlr", "--task", "listops", "--epochs", "1",
+                         "--init-from", str(first / "spt.pt"))
     assert "loaded backbone from" in (again / "log.txt").read_text() and again.name.startswith("listops-dlr-init")
 
 
 def test_eval_every_evaluates_every_kth_epoch_and_after_the_last(data_dir, tmp_path):
-    results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "5", "--eval-every", "2")
+    results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "5",
+                           "--eval-every", "2")
     rows = records(run_dir)
     assert [r["epoch"] for r in rows if r["phase"] == "finetune"] == [2, 4, 5]
     assert [r["step"] for r in rows if r["phase"] == "finetune"] == [2, 4, 5], "16 examples = one step an epoch"
@@ -254,7 +265,8 @@ def test_image_targets_are_normalised_values_scored_by_l1_and_r2():
     assert torch.equal(value, target) and target.dtype == torch.float32, "Image targets are the normalised values"
     t, ones = target[0], torch.ones(1024)                                     # (L,) float
     stats = lambda pred: heads.statistics(pred, t, denoise.losses(pred, t), ones)
-    perfect, mean = heads.metrics(stats(t[:, None].clone())), heads.metrics(stats(torch.full((1024, 1), t.mean().item())))
+    perfect = heads.metrics(stats(t[:, None].clone()))
+    mean = heads.metrics(stats(torch.full((1024, 1), t.mean().item())))
     assert perfect["loss"] < 1e-6 and abs(perfect["r2"] - 1) < 1e-6, f"perfect prediction scored {perfect}"
     assert abs(mean["r2"]) < 1e-4, f"predicting the mean must give R² ≈ 0, got {mean['r2']:.4f}"
     assert heads.n_outputs("pathfinder") == 256 and heads.n_outputs("image") == 1
