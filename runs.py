@@ -87,11 +87,13 @@ def release_lock(lock, folder):
 
 
 def git_commit():
-    """Short commit of the repo this file is in (plus -dirty), or 'unknown' outside git."""
+    """Short commit of the repo this file is in, plus -dirty when a tracked file differs from it (new files, such as
+    the run folders a study writes inside the repo, do not count), or 'unknown' outside git."""
     here = Path(__file__).resolve().parent
     try:
         run = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5).stdout.strip()
-        return (run("rev-parse", "--short", "HEAD") or "unknown") + ("-dirty" if run("status", "--porcelain") else "")
+        dirty = run("status", "--porcelain", "--untracked-files=no")
+        return (run("rev-parse", "--short", "HEAD") or "unknown") + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -235,7 +237,7 @@ def startup_lines(args, how, notes, device, world, threads, splits, source, data
     sizes = " / ".join(f"{split} {len(splits[split]):,}" for split in ("train", "val", "test"))
     return [f"preset {args.preset} ({how}); explicit flags override it", *notes,
             f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
-            f"device {device}{extras} | torch {torch.__version__} | {threads['torch_threads']} threads | "
+            f"device {device}{extras} | torch {torch.__version__} | threads {threads['torch_threads']} | "
             f"git {git_commit()}",
             "settings: " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
             f"data: {source} | {sizes} | {t_data:.1f} s", *(f"data note: {n}" for n in data_notes),

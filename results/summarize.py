@@ -60,7 +60,9 @@ def read_run(folder):
                 spt_steps=spt_records[-1]["step"] if spt_records else 0, ft_steps=curve[-1][0] if curve else 0,
                 n_train=results.get("n_train") or n_train_from_log(folder), chance=chance, curve=curve,
                 test=results["test_acc"], best_val=results["best_val_acc"], params=results["params"],
-                seconds=results["wall_time_s"]["total"], spt_seconds=results["wall_time_s"].get("spt", 0),
+                # the phases' sum: before commit 2ceea81 a resumed run's "total" counted its last session only
+                seconds=sum(v for k, v in results["wall_time_s"].items() if k != "total"),
+                spt_seconds=results["wall_time_s"].get("spt", 0),
                 git=config.get("git", "?"), torch=config.get("torch", "?"), device=config.get("device", "?"),
                 command="python " + " ".join(config.get("command", [])), kernels=kernels,
                 spt_loss=(spt_records[0]["val_loss"], spt_records[-1]["val_loss"]) if spt_records else None,

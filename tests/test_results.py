@@ -79,7 +79,7 @@ def fake_run(study, name, test, seed=0, objective=None, spt_steps=0, ft_steps=20
     records = [dict(phase="spt", epoch=1, step=spt_steps, val_loss=2.0 + seed, val_acc=0.3)] if objective else []
     records.append(dict(phase="finetune", epoch=1, step=ft_steps, val_loss=0.69, val_acc=0.6))
     results = dict(test_acc=test, best_val_acc=0.6, params=1000, n_train=64,
-                   wall_time_s=dict(total=120.0, spt=60.0 if objective else 0.0))
+                   wall_time_s=dict(spt=60.0 if objective else 0.0, finetune=60.0 if objective else 120.0, total=120.0))
     (study / name / "config.json").write_text(json.dumps(config))
     (study / name / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (study / name / "results.json").write_text(json.dumps(results))
@@ -142,6 +142,19 @@ def test_objectives_table_pairs_spt_and_tfs_by_seed(tmp_path):
         "SPT − TFS must subtract the TFS run of the same seed, in seed order"
     assert rows_of(summary, "transformer")[1] == ["— · 2.0 min", "3.000 ± 1.000 · 2.0 min (SPT 1.0)",
                                                   "3.500 ± 0.707 · 2.0 min (SPT 1.0)"], "SPT val loss, wall time"
+
+
+def test_a_resumed_runs_wall_time_is_the_sum_of_its_phases(tmp_path):
+    fake_run(tmp_path / "runs", "tfs-s0", 0.60)
+    fake_run(tmp_path / "runs", "masked-s0", 0.62, 0, "masked", 12)
+    fake_run(tmp_path / "runs", "rtd-s0", 0.61, 0, "rtd", 12)
+    results = tmp_path / "runs" / "masked-s0" / "results.json"          # resumed in fine-tuning at an older commit:
+    wall = dict(spt=60.0, finetune=90.0, test=30.0, total=6.0)           # "total" was the last session's 6 s only
+    results.write_text(json.dumps(dict(json.loads(results.read_text()), wall_time_s=wall)))
+    script("summarize").main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
+    summary = objectives_part((tmp_path / "out" / "summary.md").read_text())
+    assert rows_of(summary, "transformer")[1][1] == "2.000 · 3.0 min (SPT 1.0)", \
+        "wall time must add up the phases (data, spt, finetune, test), not trust 'total'"
 
 
 def test_compute_tied_slice_reads_the_tfs_runs_as_its_zero_share(tmp_path):
