@@ -8,30 +8,26 @@ Files are read as downloaded (readers: lra_files.py, listops.py): data_dir/{,lra
 basic_{train,val,test}.tsv, tsv_data/new_aan_pairs.{train,eval,test}.tsv, pathfinder{32,128,256}/<difficulty>/
 metadata/*.npy; data_dir/aclImdb/ or aclImdb*.tar.gz; data_dir/cifar-10-batches-py/ or cifar-10-python.tar.gz. The
 synthetic tasks (ListOps: listops.py, Pathfinder/PathX: pathfinder.py) are generated on request, only into an empty
-folder or our own. Cache: <cache_dir>/<task>[-<difficulty>]-<hash of source path>/{meta.json, <part>.y.npy,
-<part>.x.npy (pixels, uint8 memmap) or <part>.tok (uint16 ids, all documents back to back) + <part>.off.npy (start
-of each document)}.
+folder or our own. The arrays are cached once per source (lra_cache.py) and read back a row at a time (LRADataset).
 """
 import argparse
 import contextlib
 import hashlib
-import json
 import multiprocessing
 import os
-import shutil
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 import listops
+import lra_cache
 import lra_files
 import pathfinder
 from listops import LISTOPS_SYMBOLS
+from lra_cache import cache_root
 from lra_files import EOS, N_SPECIAL, PAD, DataError, plural
 from pathfinder import DIFFICULTIES, GENERATED_MARK, describe_folder, measure_speed
 # Re-exported: callers and tests use these as lra_data.<name>. Readers and generators are called through their module
@@ -66,78 +62,9 @@ PATHFINDER_TASKS = ("pathfinder", "pathx", "pathx256")
 DIFFICULTY = {name: d.folder for name, d in DIFFICULTIES.items()}     # "hard" -> "curv_contour_length_14"
 SPLIT_SEED = 42                # every split we carve ourselves; 42 reproduces S4's Pathfinder random_split
 LRA_DOWNLOAD = "download lra_release.gz from the LRA GitHub repo google-research/long-range-arena and unpack it into"
-CACHE_VERSION = 2
 
 
-# ----------------------------------------------------------------------------- cache
-
-def _writable(folder):
-    # permission bits as well as os.access: root may write anywhere, yet a folder marked read-only stays untouched
-    return folder.is_dir() and os.access(folder, os.W_OK) and bool(folder.stat().st_mode & stat.S_IWUSR)
-
-
-def cache_root(data_dir, cache_dir=None):
-    """cache_dir if given, else data_dir/cache when data_dir is writable, else ./data/cache. Raises DataError when that
-    fallback is read-only too (with the default --data-dir data it is inside the read-only data_dir itself)."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    if _writable(Path(data_dir)):
-        return Path(data_dir) / "cache"
-    fallback = Path("data") / "cache"
-    if not _writable(next(p for p in (fallback, fallback.parent, Path.cwd()) if p.exists())):
-        raise DataError(f"{data_dir} is read-only and so is the fallback cache folder {fallback.resolve()}: pass "
-                        f"--cache-dir <a writable folder>")
-    return fallback
-
-
-def _stamp(src, files):
-    """What the cache is valid for: a digest of (path relative to src, size, mtime_ns) of every source file read, one
-    stat each (contents are not hashed: an edit that keeps both size and mtime is not seen)."""
-    digest = hashlib.sha1()
-    prefix = str(src) + os.sep
-    for f in map(str, files):
-        try:
-            st = os.stat(f)
-            size, mtime = st.st_size, st.st_mtime_ns
-        except OSError:                          # missing: the build then names it
-            size = mtime = -1
-        digest.update(f"{f[len(prefix):] if f.startswith(prefix) else f}\t{size}\t{mtime}\n".encode())
-    return f"{len(files)} files, sha1 {digest.hexdigest()}"
-
-
-def _write_tokens(store, rows):
-    """Stream rows (part, [ids, ...], label) into <part>.tok (uint16) + <part>.off.npy + <part>.y.npy."""
-    files, offsets, labels = {}, {}, {}
-    try:
-        for part, docs, label in rows:
-            if part not in files:
-                files[part], offsets[part], labels[part] = open(store / f"{part}.tok", "wb"), [0], []
-            for ids in docs:
-                files[part].write(ids.astype(np.uint16).tobytes())
-                offsets[part].append(offsets[part][-1] + len(ids))
-            labels[part].append(label)
-    finally:
-        for f in files.values():
-            f.close()
-    for part in files:
-        np.save(store / f"{part}.off.npy", np.array(offsets[part], np.int64))    # (n_docs + 1,)
-        np.save(store / f"{part}.y.npy", np.array(labels[part], np.int64))       # (n,)
-    return {part: len(labels[part]) for part in files}
-
-
-def _write_pixels(store, part, labels, length, blocks):
-    """Fill a uint8 (n, length) memmap block by block, so PathX (200k × 16384 bytes) never sits in RAM."""
-    x = np.lib.format.open_memmap(store / f"{part}.x.npy", mode="w+", dtype=np.uint8, shape=(len(labels), length))
-    i = 0
-    with tqdm(total=len(labels), desc=f"caching {part} pixels", unit=" img") as bar:
-        for block in blocks:                     # block: (k, length) uint8
-            x[i: i + len(block)] = block
-            i += len(block)
-            bar.update(len(block))
-    x.flush()
-    np.save(store / f"{part}.y.npy", labels)
-    return {part: len(labels)}
-
+# ----------------------------------------------------------------------------- cache builders
 
 def _build_pathfinder(folder, side, workers, paths, labels, store):
     if not paths:
@@ -145,43 +72,14 @@ def _build_pathfinder(folder, side, workers, paths, labels, store):
     jobs = [(paths[i: i + 256], side) for i in range(0, len(paths), 256)]
     with multiprocessing.Pool(workers, pathfinder.ignore_ctrl_c) if workers > 1 else contextlib.nullcontext() as pool:
         blocks = pool.imap(lra_files.read_pngs, jobs) if pool else map(lra_files.read_pngs, jobs)
-        return _write_pixels(store, "all", labels, side * side, blocks)
+        return lra_cache.write_pixels(store, "all", labels, side * side, blocks)
 
 
 def _build_cifar(src, store):
     sizes = {}
     for part, (data, labels) in lra_files.cifar_batches(src).items():
-        sizes.update(_write_pixels(store, part, labels, 1024, [lra_files.cifar_gray(data)]))
+        sizes.update(lra_cache.write_pixels(store, part, labels, 1024, [lra_files.cifar_gray(data)]))
     return sizes
-
-
-def _cached(store, src, stamp, build):
-    """(sizes of the cached parts, notes). Unless store/meta.json matches the source files, build(folder, notes) runs
-    in a private folder that then replaces store, so a crash or a second process never leaves a half-built cache."""
-    meta = json.loads((store / "meta.json").read_text()) if (store / "meta.json").exists() else {}
-    if meta.get("version") == CACHE_VERSION and meta.get("source") == str(src) and meta.get("stamp") == stamp:
-        return meta["sizes"], meta["notes"]
-    tmp = store.with_name(f"{store.name}.building-{os.getpid()}")
-    try:
-        tmp.mkdir(parents=True, exist_ok=True)
-    except OSError as e:                        # read-only, not a folder, no such place: the user's to fix
-        raise DataError(f"cannot make the cache folder {store.parent} ({e.strerror}); pass --cache-dir "
-                        f"<a writable folder>") from None
-    print(f"caching {src} -> {store}")
-    notes = []
-    try:
-        sizes = build(tmp, notes)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    meta = {"version": CACHE_VERSION, "source": str(src), "stamp": stamp, "sizes": sizes, "notes": notes}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    shutil.rmtree(store, ignore_errors=True)    # a cache of older source files
-    try:
-        os.replace(tmp, store)
-    except OSError:                             # another process got there first with the same data
-        shutil.rmtree(tmp, ignore_errors=True)
-    return sizes, notes
 
 
 # ----------------------------------------------------------------------------- dataset, collate
@@ -350,7 +248,7 @@ def _locate(task, data_dir, difficulty, generate, workers):
     max_len = TASKS[task].max_len
     if task == "listops":
         folder, files = _locate_listops(data_dir, generate)
-        build = lambda store, notes: _write_tokens(store, listops.listops_rows(folder, max_len, notes))
+        build = lambda store, notes: lra_cache.write_tokens(store, listops.listops_rows(folder, max_len, notes))
         return folder, _source_text(folder), files, build
     if task == "retrieval":
         folder = _release_path(data_dir, "tsv_data")
@@ -358,11 +256,11 @@ def _locate(task, data_dir, difficulty, generate, workers):
         if missing := [f for f in files if not f.exists()]:
             raise DataError(f"no retrieval file {missing[0]} (also looked under lra_release/); "
                             f"{LRA_DOWNLOAD} {data_dir}")
-        build = lambda store, notes: _write_tokens(store, lra_files.aan_rows(folder, max_len, notes))
+        build = lambda store, notes: lra_cache.write_tokens(store, lra_files.aan_rows(folder, max_len, notes))
         return folder, _source_text(folder), files, build
     if task == "text":
         src = _find_imdb(data_dir)
-        build = lambda store, notes: _write_tokens(store, lra_files.imdb_rows(src, max_len, notes))
+        build = lambda store, notes: lra_cache.write_tokens(store, lra_files.imdb_rows(src, max_len, notes))
         return src, f"IMDB (Maas et al. 2011) at {src}", lra_files.imdb_files(src), build
     if task == "image":
         tar = lra_files.CIFAR_TAR
@@ -447,7 +345,7 @@ def load(task, split, data_dir="data", *, data_fraction=1.0, seed=0, lra_val=Fal
     src, source, files, build = _locate(task, data_dir, difficulty, generate, workers)
     name = f"{task}-{difficulty}" if task in PATHFINDER_TASKS else task
     store = cache_root(data_dir, cache_dir) / f"{name}-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:10]}"
-    sizes, notes = _cached(store, src.resolve(), _stamp(src, files), build)
+    sizes, notes = lra_cache.cached(store, src.resolve(), lra_cache.stamp(src, files), build)
     notes = notes + _count_note(task, src, sizes, generate, difficulty)
     part, index = _split(task, split, sizes, lra_val)
     if len(index) == 0:

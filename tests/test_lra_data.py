@@ -6,7 +6,6 @@ import json
 import pickle
 import shutil
 import tarfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -304,18 +303,6 @@ def test_corrupt_missing_or_wrongly_sized_image_names_the_file(tmp_path):
         with pytest.raises(DataError, match=r"imgs/0/sample_1\.png"):
             load("pathfinder", "train", tmp_path / f"d{k}", cache_dir=tmp_path / "c", workers=2 if k == 0 else 1)
     assert not list((tmp_path / "c").iterdir()), "a failed build left a half-written cache behind"
-
-
-def test_default_cache_never_goes_into_read_only_data(tmp_path):
-    read_only = tmp_path / "read_only"                  # our own read-only folder: the shared one may be writable
-    read_only.mkdir()
-    read_only.chmod(0o555)
-    try:
-        assert lra_data.cache_root(read_only) == Path("data") / "cache", "would write next to read-only data"
-    finally:
-        read_only.chmod(0o755)
-    assert lra_data.cache_root(tmp_path) == tmp_path / "cache"
-    assert lra_data.cache_root(read_only, tmp_path / "mine") == tmp_path / "mine"
 
 
 def test_a_read_only_default_data_folder_is_refused_as_its_own_fallback_cache(tmp_path, monkeypatch):

@@ -1,0 +1,118 @@
+"""lra_cache.py: the LRA tasks as arrays on disk, built once per source and rebuilt when the source changes.
+layout: <cache_dir>/<task>[-<difficulty>]-<hash of source path>/{meta.json, <part>.y.npy (labels, int64), and
+        <part>.x.npy (pixels: (n, L) uint8, written block by block) or <part>.tok (uint16 ids, all documents back to
+        back) + <part>.off.npy (where each document starts, (n_docs + 1,) int64)}
+valid:  meta.json's stamp = (relative path, size, mtime) of every source file read; a build runs in a private folder
+        that then replaces the store, so a crash or a second process never leaves half a cache
+check:  stamp, reuse, rebuild, failed builds, read-only data -> tests/test_lra_cache.py (through load: test_lra_data)
+"""
+import hashlib
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from lra_files import DataError
+
+CACHE_VERSION = 2
+
+
+def writable(folder):
+    # permission bits as well as os.access: root may write anywhere, yet a folder marked read-only stays untouched
+    return folder.is_dir() and os.access(folder, os.W_OK) and bool(folder.stat().st_mode & stat.S_IWUSR)
+
+
+def cache_root(data_dir, cache_dir=None):
+    """cache_dir if given, else data_dir/cache when data_dir is writable, else ./data/cache. Raises DataError when that
+    fallback is read-only too (with the default --data-dir data it is inside the read-only data_dir itself)."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    if writable(Path(data_dir)):
+        return Path(data_dir) / "cache"
+    fallback = Path("data") / "cache"
+    if not writable(next(p for p in (fallback, fallback.parent, Path.cwd()) if p.exists())):
+        raise DataError(f"{data_dir} is read-only and so is the fallback cache folder {fallback.resolve()}: pass "
+                        f"--cache-dir <a writable folder>")
+    return fallback
+
+
+def stamp(src, files):
+    """What the cache is valid for: a digest of (path relative to src, size, mtime_ns) of every source file read, one
+    stat each (contents are not hashed: an edit that keeps both size and mtime is not seen)."""
+    digest = hashlib.sha1()
+    prefix = str(src) + os.sep
+    for f in map(str, files):
+        try:
+            st = os.stat(f)
+            size, mtime = st.st_size, st.st_mtime_ns
+        except OSError:                          # missing: the build then names it
+            size = mtime = -1
+        digest.update(f"{f[len(prefix):] if f.startswith(prefix) else f}\t{size}\t{mtime}\n".encode())
+    return f"{len(files)} files, sha1 {digest.hexdigest()}"
+
+
+def write_tokens(store, rows):
+    """Stream rows (part, [ids, ...], label) into <part>.tok (uint16) + <part>.off.npy + <part>.y.npy."""
+    files, offsets, labels = {}, {}, {}
+    try:
+        for part, docs, label in rows:
+            if part not in files:
+                files[part], offsets[part], labels[part] = open(store / f"{part}.tok", "wb"), [0], []
+            for ids in docs:
+                files[part].write(ids.astype(np.uint16).tobytes())
+                offsets[part].append(offsets[part][-1] + len(ids))
+            labels[part].append(label)
+    finally:
+        for f in files.values():
+            f.close()
+    for part in files:
+        np.save(store / f"{part}.off.npy", np.array(offsets[part], np.int64))    # (n_docs + 1,)
+        np.save(store / f"{part}.y.npy", np.array(labels[part], np.int64))       # (n,)
+    return {part: len(labels[part]) for part in files}
+
+
+def write_pixels(store, part, labels, length, blocks):
+    """Fill a uint8 (n, length) memmap block by block, so PathX (200k × 16384 bytes) never sits in RAM."""
+    x = np.lib.format.open_memmap(store / f"{part}.x.npy", mode="w+", dtype=np.uint8, shape=(len(labels), length))
+    i = 0
+    with tqdm(total=len(labels), desc=f"caching {part} pixels", unit=" img") as bar:
+        for block in blocks:                     # block: (k, length) uint8
+            x[i: i + len(block)] = block
+            i += len(block)
+            bar.update(len(block))
+    x.flush()
+    np.save(store / f"{part}.y.npy", labels)
+    return {part: len(labels)}
+
+
+def cached(store, src, stamp, build):
+    """(sizes of the cached parts, notes). Unless store/meta.json matches the source files, build(folder, notes) runs
+    in a private folder that then replaces store, so a crash or a second process never leaves a half-built cache."""
+    meta = json.loads((store / "meta.json").read_text()) if (store / "meta.json").exists() else {}
+    if meta.get("version") == CACHE_VERSION and meta.get("source") == str(src) and meta.get("stamp") == stamp:
+        return meta["sizes"], meta["notes"]
+    tmp = store.with_name(f"{store.name}.building-{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+    except OSError as e:                        # read-only, not a folder, no such place: the user's to fix
+        raise DataError(f"cannot make the cache folder {store.parent} ({e.strerror}); pass --cache-dir "
+                        f"<a writable folder>") from None
+    print(f"caching {src} -> {store}")
+    notes = []
+    try:
+        sizes = build(tmp, notes)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    meta = {"version": CACHE_VERSION, "source": str(src), "stamp": stamp, "sizes": sizes, "notes": notes}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    shutil.rmtree(store, ignore_errors=True)    # a cache of older source files
+    try:
+        os.replace(tmp, store)
+    except OSError:                             # another process got there first with the same data
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sizes, notes
