@@ -189,6 +189,7 @@ def apply_presets(args):
     (n_heads, norm, dt_min, ...) and the notes to print about choices made here."""
     args.preset = args.preset or ("paper" if torch.cuda.is_available() else "tiny")
     config_kw, notes = {}, []
+    accum_given = {k for k in ("accum_steps", "pretrain_accum_steps") if getattr(args, k) is not None}
     for key, value in preset_values(args.preset, args.model, args.task, args.spt).items():
         if hasattr(args, key):
             setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
@@ -200,6 +201,11 @@ def apply_presets(args):
     task = lra_data.TASKS[args.task]
     if args.pretrain_batch_size is None:                                  # CPU presets: one batch size
         args.pretrain_batch_size = args.batch_size
+    for phase, batch, accum in (("finetune", "batch_size", "accum_steps"), ("spt", "pretrain_batch_size",
+                                                                            "pretrain_accum_steps")):
+        most = MAX_MICRO_BATCH.get((args.model, args.task, phase)) if args.preset == "paper" else None
+        if most and accum not in accum_given:      # the preset split its own batch: split the one in force instead
+            setattr(args, accum, -(-getattr(args, batch) // most))
     args.pool = args.pool or task.pool
     args.mask_ratio = task.mask_ratio if args.mask_ratio is None else args.mask_ratio
     step = 2 * config_kw.get("n_heads", 1) if args.model == "transformer" else 1   # even heads (rotary pairs)

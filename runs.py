@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 import torch
@@ -79,13 +79,14 @@ def hold_lock(folder):
     return f
 
 
-def release_lock(lock, folder):
-    """Give a run folder's lock (from hold_lock) back and remove its file; None: nothing to give back."""
+def release_lock(lock):
+    """Give a run folder's lock (from hold_lock) back; None: nothing to give back. The empty .lock file stays: deleting
+    it would let a process that opened it just before lock the deleted file while a third locks a new one."""
     if lock is not None:
-        (Path(folder) / ".lock").unlink(missing_ok=True)
         lock.close()
 
 
+@cache                        # asked for by the log's device line and by config.json: one git call per run
 def git_commit():
     """Short commit of the repo this file is in, plus -dirty when a tracked file differs from it (new files, such as
     the run folders a study writes inside the repo, do not count), or 'unknown' outside git."""
@@ -332,7 +333,7 @@ def resume_settings(args, given, defaults):
     try:
         return resume_checks(args, given, defaults, folder, finished) + (lock,)
     except BaseException:                                                # refused: give the folder back at once
-        release_lock(lock, folder)
+        release_lock(lock)
         raise
 
 
@@ -399,4 +400,4 @@ def run_folder(args, meta, lines, lock=None):
             log(folder, line)
         yield folder
     finally:
-        release_lock(lock, folder)                                       # a run's own lock goes with the run
+        release_lock(lock)                                       # a run's own lock goes with the run

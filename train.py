@@ -140,9 +140,13 @@ def guard_step(model, bad_loss, opt, scaler, record, step):
 def check_finite(record, model, phase):
     """Stop at a recorded non-finite update (read once per progress interval), naming its step and the first
     parameter whose gradient was not finite. The guard skipped it: weights and checkpoints so far are intact."""
-    if dist.is_initialized():                                            # any process's first bad step stops all
-        record = record.clone()
-        dist.all_reduce(record, op=dist.ReduceOp.MAX)
+    if dist.is_initialized():         # the earliest bad step of any process stops all, with that process's parameter
+        step = torch.where(record[0] < 0, torch.inf, record[0])          # a process without one: never the earliest
+        first = step.clone()
+        dist.all_reduce(first, op=dist.ReduceOp.MIN)
+        index = torch.where(step == first, record[1], -2.0)              # -2: not the process of that step
+        dist.all_reduce(index, op=dist.ReduceOp.MAX)
+        record = torch.stack([torch.where(first.isinf(), -1.0, first), index])
     step, index = record.tolist()
     if step < 0:
         return

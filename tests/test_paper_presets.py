@@ -12,6 +12,7 @@ import torch
 
 import heads
 import lra_data
+import presets
 import train
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -140,3 +141,17 @@ def test_paper_preset_micro_batch_keeps_the_papers_batch(model, task):
         v = train.preset_values("paper", model, task, spt)
         for batch, accum in (("batch_size", "accum_steps"), ("pretrain_batch_size", "pretrain_accum_steps")):
             assert 1 <= v[accum] <= v[batch], f"{model}/{task}: {accum} {v[accum]} for {batch} {v[batch]}"
+
+
+def test_an_explicit_batch_size_is_split_to_the_micro_batch_that_fits_not_the_presets_count():
+    def settings(*flags):
+        args = train.parse_flags(["--model", "s4", "--task", "retrieval", "--preset", "paper", *flags])[0]
+        train.apply_presets(args)
+        return args.batch_size, args.accum_steps
+
+    most = presets.MAX_MICRO_BATCH["s4", "retrieval", "finetune"]
+    preset_batch, preset_accum = settings()
+    assert preset_batch // preset_accum <= most
+    assert settings("--batch-size", str(4 * most)) == (4 * most, 4), "a larger batch needs more micro-batches"
+    assert settings("--batch-size", str(most // 2)) == (most // 2, 1), "a batch that fits needs no split"
+    assert settings("--batch-size", str(4 * most), "--accum-steps", "8") == (4 * most, 8), "an explicit count wins"

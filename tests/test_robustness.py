@@ -101,6 +101,38 @@ def test_ddp_gradient_equals_the_one_process_gradient_of_the_global_batch(data_d
     torch.testing.assert_close(two, one, rtol=1e-5, atol=1e-7, msg="2-process gradient != 1-process gradient")
 
 
+FINITE_PROBE = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist, train
+    dist.init_process_group("gloo")
+    rank, said = dist.get_rank(), []
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))    # 0.weight 0.bias 1.weight 1.bias
+    for records in ([[10.0, 3.0], [4.0, 1.0]], [[-1.0, -1.0], [7.0, 2.0]], [[-1.0, -1.0], [-1.0, -1.0]]):
+        try:
+            train.check_finite(torch.tensor(records[rank]), model, "finetune")
+            said.append("finite")
+        except SystemExit as e:
+            said.append(str(e.code))
+    open(f"{sys.argv[1]}/rank{rank}.txt", "w").write("\\n".join(said))
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def test_ddp_non_finite_check_names_the_earliest_bad_step_of_any_process_and_its_parameter(tmp_path):
+    (tmp_path / "probe.py").write_text(FINITE_PROBE)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(tmp_path / "probe.py"), str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        lines = (tmp_path / f"rank{rank}.txt").read_text().splitlines()
+        assert len(lines) == 3, lines
+        assert "finetune step 4:" in lines[0] and "gradient of 0.bias" in lines[0], lines[0]
+        assert "finetune step 7:" in lines[1] and "gradient of 1.weight" in lines[1], lines[1]
+        assert lines[2].endswith("finite"), lines[2]
+
+
 def test_global_batch_that_does_not_split_over_the_processes_exits_with_status_2(data_dir, tmp_path, capsys,
                                                                                  monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")                # as torchrun --nproc_per_node=3 would; checked before init
