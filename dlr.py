@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ssm import SSMLayer, apply_norm, check_config, check_lengths, norm_layer, pad_mask, require, vandermonde
+from ssm import SSMBackbone, check_config, require, vandermonde
 
 SSM_PARAMS = {"lambda_p", "lambda_theta", "W"}   # own lr (cfg.ssm_lr), no weight decay
 
@@ -98,24 +98,7 @@ class DLRKernel(nn.Module):
 
 # ----------------------------------------------------------------------------- backbone
 
-class DLR(nn.Module):
-    """DLR backbone: encoder → n_layers × SSMLayer(DLRKernel) → final norm; no head (heads.py holds the heads).
-    forward(inputs, lengths=None) -> (B, L, H) features, float. inputs: (B, L) long tokens when cfg.vocab_size is
-    set, else (B, L, d_input) float. lengths: (B,) long; None means no padding: heads.to_device passes None for a batch
-    without pads (it knows that on the host; finding it out here would make the host wait for the device).
-    Raises ValueError when lengths is not of shape (B,). With post-norm the last block's norm is the final norm."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-        H = cfg.d_model
-        self.encoder = nn.Embedding(cfg.vocab_size, H, padding_idx=0) if cfg.vocab_size else nn.Linear(cfg.d_input, H)
-        self.layers = nn.ModuleList(SSMLayer(cfg, DLRKernel(cfg)) for _ in range(cfg.n_layers))
-        self.norm = norm_layer(cfg.norm, H) if cfg.prenorm else nn.Identity()        # post-norm blocks end normed
-
-    def forward(self, inputs, lengths=None):
-        check_lengths(lengths, inputs.size(0))
-        u = self.encoder(inputs)                                          # (B, L) | (B, L, d_input) -> (B, L, H)
-        for layer in self.layers:
-            u = layer(u, lengths)                                                    # (B, L, H)
-        return apply_norm(self.norm, u, pad_mask(lengths, u.size(1), u.device))      # (B, L, H)
+def DLR(cfg):
+    """DLR backbone: ssm.SSMBackbone(cfg, DLRKernel), encoder → n_layers × SSMLayer(DLRKernel) → final norm.
+    forward(inputs (B, L) tokens or (B, L, d_input) floats, lengths (B,) or None) -> (B, L, H) features."""
+    return SSMBackbone(cfg, DLRKernel)

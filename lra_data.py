@@ -130,20 +130,33 @@ class LRADataset(torch.utils.data.Dataset):
         return torch.nn.utils.rnn.pad_sequence(docs, batch_first=True, padding_value=PAD), y   # (2, L_pair)
 
 
+def bucket_length(L):
+    """The padded length of a token batch whose longest sequence has L tokens: the next of 2^k and 3·2^(k−1)
+    (..., 512, 768, 1024, 1536, ...), at most 1.5 × L. Two lengths per octave keep the FFT sizes (all 2^a·3) and the
+    shapes a compiled model sees few; padding never changes real outputs (tests/test_ssm.py, test_transformer.py)."""
+    p = 1 << (L - 1).bit_length()                                    # the power of two ≥ L
+    return 3 * p // 4 if p >= 4 and 3 * p // 4 >= L else p
+
+
 def collate(batch):
-    """[(x, label)] -> (x, lengths, y), padded with PAD to the batch's longest sequence (pixels: no padding)."""
+    """[(x, label)] -> (x, lengths, y): tokens padded with PAD to bucket_length of the batch's longest sequence,
+    pixels stacked (fixed length, no padding)."""
     xs, y = [b[0] for b in batch], torch.tensor([int(b[1]) for b in batch], dtype=torch.long)    # y: (B,)
     if xs[0].dtype == torch.uint8:                                   # pixels: fixed length, raw 0..255
         x = torch.stack(xs)                                          # (B, L) uint8
         return x, torch.full((len(xs),), x.size(1), dtype=torch.long), y
     if xs[0].dim() == 2:                                             # retrieval: (2, L_pair) each
         lengths = torch.stack([(x != PAD).sum(-1) for x in xs])     # (B, 2); real ids are never PAD
-        x = torch.full((len(xs), 2, int(lengths.max())), PAD, dtype=torch.long)   # (B, 2, L)
+        x = torch.full((len(xs), 2, bucket_length(int(lengths.max()))), PAD, dtype=torch.long)   # (B, 2, L)
         for b, xb in enumerate(xs):
-            x[b, :, : xb.size(1)] = xb
+            n = int(lengths[b].max())
+            x[b, :, :n] = xb[:, :n]
         return x, lengths, y
     lengths = torch.tensor([len(x) for x in xs], dtype=torch.long)  # (B,)
-    return torch.nn.utils.rnn.pad_sequence(xs, batch_first=True, padding_value=PAD), lengths, y   # (B, L)
+    x = torch.full((len(xs), bucket_length(int(lengths.max()))), PAD, dtype=torch.long)   # (B, L)
+    for b, xb in enumerate(xs):
+        x[b, : len(xb)] = xb
+    return x, lengths, y
 
 
 def normalize(x, task):                          # x: (B, L) uint8 -> (B, L) float32

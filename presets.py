@@ -9,6 +9,7 @@ tiny / small: CPU-sized runs of the real tasks (no toy task), our own choice.
 Explicit command-line flags always win over a preset (`apply_presets`, one merge, then `check_flags`).
 """
 import dataclasses
+import os
 from pathlib import Path
 
 import torch
@@ -201,11 +202,16 @@ def apply_presets(args):
     task = lra_data.TASKS[args.task]
     if args.pretrain_batch_size is None:                                  # CPU presets: one batch size
         args.pretrain_batch_size = args.batch_size
+    world = int(os.environ.get("WORLD_SIZE", 1))                          # DDP: torchrun's processes
     for phase, batch, accum in (("finetune", "batch_size", "accum_steps"), ("spt", "pretrain_batch_size",
                                                                             "pretrain_accum_steps")):
         most = MAX_MICRO_BATCH.get((args.model, args.task, phase)) if args.preset == "paper" else None
-        if most and accum not in accum_given:      # the preset split its own batch: split the one in force instead
-            setattr(args, accum, -(-getattr(args, batch) // most))
+        per_process = -(-getattr(args, batch) // world)                   # rows of a global batch per process
+        if most and accum not in accum_given:      # memory per process: split this process's rows, not the card's
+            setattr(args, accum, -(-per_process // most))
+        if world > 1 and per_process <= 1 and (phase == "finetune" or args.spt):
+            notes.append(f"note: --{batch.replace('_', '-')} {getattr(args, batch)} over {world} processes leaves "
+                         f"each process at most one example per step (its GPU mostly waits; BatchNorm normalises one example)")
     args.pool = args.pool or task.pool
     args.mask_ratio = task.mask_ratio if args.mask_ratio is None else args.mask_ratio
     step = 2 * config_kw.get("n_heads", 1) if args.model == "transformer" else 1   # even heads (rotary pairs)

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 import lra_data
+from ssm import tf32_flag
 
 try:
     import fcntl                                                         # POSIX file locks; absent on Windows
@@ -126,8 +126,9 @@ def all_sum(total):
 
 
 def setup_device(args):
-    """-> (device, world size): checks --device, that the global batches split over the processes and that --out
-    can be written (making --out itself); settles --precision (printed, in config.json) and --workers."""
+    """-> (device, world size): checks --device and that --out can be written (making --out itself); settles
+    --precision (printed, in config.json) and --workers. A global batch need not split evenly over the processes:
+    shard() gives some one row more, and batch_loss divides by the global count, so the gradient stays the mean."""
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
@@ -142,10 +143,6 @@ def setup_device(args):
     args.precision = precision(args, device)[0]                          # resolved once, printed, in config.json
     if args.workers is None:                                             # CUDA: loader processes keep the GPU fed
         args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
-    for flag in ("batch_size", "pretrain_batch_size"):
-        if getattr(args, flag) % world:
-            fail(f"--{flag.replace('_', '-')} {getattr(args, flag)} is the global batch: it must split evenly over "
-                 f"the {world} processes")
     if not args.resume and int(os.environ.get("RANK", 0)) == 0:   # known now, not after the data was prepared:
         probe = Path(args.out).resolve()                         # try writing where the run folder will be made
         while not probe.exists():
@@ -173,15 +170,18 @@ def join_process_group(device, world):
 
 def precision(args, device):
     """The one place that decides numeric precision -> (name, autocast context factory, GradScaler or None).
-    Default: bf16 autocast on CUDA with compute capability ≥ 8 (TF32 for what stays fp32), fp16 autocast with a
-    gradient scaler on older GPUs (V100, T4), fp32 on CPU. The SSM kernels and FFT convolutions run in fp32 inside
-    autocast (ssm.py). --amp is the old name of --precision bf16."""
+    Default: bf16 autocast on CUDA with compute capability ≥ 8, fp16 autocast with a gradient scaler on older GPUs
+    (V100, T4), fp32 on CPU. TF32 is set explicitly for every choice: on for "tf32" only. Under bf16 / fp16 autocast
+    the only float32 matmuls left are the SSM kernels', which must not use TF32 (ssm.Matmul guards them anyway), so
+    TF32 there would buy nothing. The SSM kernels and FFT convolutions run in fp32 inside autocast (ssm.py).
+    --amp is the old name of --precision bf16."""
     name = args.precision or ("bf16" if args.amp else None)
     if name is None:
         name = "fp32" if device.type != "cuda" else ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8
                                                      else "fp16")
-    if name in ("tf32", "bf16") and device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    flag, on, off = tf32_flag()
+    setattr(torch.backends.cuda.matmul, flag, on if name == "tf32" else off)    # also on a CPU: no effect there
+    torch.backends.cudnn.allow_tf32 = name == "tf32"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
     amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
     return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
@@ -204,22 +204,14 @@ class SeededOrder(torch.utils.data.Sampler):
 
 
 def loader(dataset, batch_size, args, device, order=None):
-    """Batches of `dataset` padded by lra_data.collate (--compile: to a power-of-two length, so the compiled model
-    sees few shapes): in a new seeded order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory,
-    persistent workers that prefetch."""
+    """Batches of `dataset` padded by lra_data.collate (token batches to a few bucketed lengths): in a new seeded
+    order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory, persistent workers that prefetch."""
     workers, cuda = args.workers, device.type == "cuda"
     seeds = torch.Generator().manual_seed(args.seed + 4)   # its worker seeds: not from the global (dropout) RNG
     return torch.utils.data.DataLoader(dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
-                                       collate_fn=collate_bucketed if args.compile else lra_data.collate,
-                                       num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0,
-                                       prefetch_factor=4 if workers > 0 else None, generator=seeds)
-
-
-def collate_bucketed(batch):
-    """lra_data.collate, then padded up to the next power of two (padding never changes real outputs)."""
-    x, lengths, y = lra_data.collate(batch)
-    L = x.size(-1)
-    return F.pad(x, (0, (1 << (L - 1).bit_length()) - L), value=lra_data.PAD), lengths, y
+                                       collate_fn=lra_data.collate, num_workers=workers, pin_memory=cuda,
+                                       persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+                                       generator=seeds)
 
 
 # ---- what a run prints first and last ----------------------------------------------------------------------

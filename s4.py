@@ -14,8 +14,8 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ssm import RFFT, SSMLayer, apply_norm, check_config, check_lengths, norm_layer, pad_mask, require, vandermonde
-from ssm import fft_conv  # noqa: F401  (s4.fft_conv: the FFT convolution of S4 §2.4, kept importable)
+from ssm import RFFT, SSMBackbone, check_config, matmul, require, vandermonde
+from ssm import SSMLayer, fft_conv  # noqa: F401  (public: s4.SSMLayer, s4.fft_conv, the block of S4 §3.4 and §2.4)
 
 SSM_PARAMS = {"log_dt", "Lambda_re", "Lambda_im", "P", "B"}   # own lr (cfg.ssm_lr), no weight decay; C, D: ordinary
 
@@ -110,9 +110,9 @@ def bilinear_power(Lambda, P, C, dt, L):
     Cr = torch.cat([C.real, -C.imag], -1)[:, None]                     # (Hk, 1, N): 2 Re(Cx) = 2 Cr·[Re x, Im x]
     left = L                                        # C Ā^L = Cr·(Ā^(2^j))^left: square while left is large and
     while left > 16:                                # send the odd factors into the row Cr (N² each, not N³)
-        Cr, dA, left = (Cr @ dA if left % 2 else Cr), dA @ dA, left // 2              # (Hk, 1, N), (Hk, N, N)
+        Cr, dA, left = (matmul(Cr, dA) if left % 2 else Cr), matmul(dA, dA), left // 2   # (Hk, 1, N), (Hk, N, N)
     for _ in range(left):                           # the last ≤ 16 factors as row × matrix too: 4 squarings less
-        Cr = Cr @ dA                                                                 # (Hk, 1, N)
+        Cr = matmul(Cr, dA)                                                          # (Hk, 1, N)
     return torch.complex(Cr[:, 0, :n], -Cr[:, 0, n:])                                # (Hk, N/2), back to pair form
 
 
@@ -210,24 +210,7 @@ class S4Kernel(nn.Module):
 
 # ----------------------------------------------------------------------------- backbone
 
-class S4(nn.Module):
-    """S4 backbone: encoder → n_layers × SSMLayer(S4Kernel) → final norm; no head (heads.py holds the heads).
-    forward(inputs, lengths=None) -> (B, L, H) features, float. inputs: (B, L) long tokens when cfg.vocab_size is
-    set, else (B, L, d_input) float. lengths: (B,) long; None means no padding: heads.to_device passes None for a batch
-    without pads (it knows that on the host; finding it out here would make the host wait for the device).
-    Raises ValueError when lengths is not of shape (B,). With post-norm the last block's norm is the final norm."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-        H = cfg.d_model
-        self.encoder = nn.Embedding(cfg.vocab_size, H, padding_idx=0) if cfg.vocab_size else nn.Linear(cfg.d_input, H)
-        self.layers = nn.ModuleList(SSMLayer(cfg, S4Kernel(cfg)) for _ in range(cfg.n_layers))
-        self.norm = norm_layer(cfg.norm, H) if cfg.prenorm else nn.Identity()        # post-norm blocks end normed
-
-    def forward(self, inputs, lengths=None):
-        check_lengths(lengths, inputs.size(0))
-        u = self.encoder(inputs)                                          # (B, L) | (B, L, d_input) -> (B, L, H)
-        for layer in self.layers:
-            u = layer(u, lengths)                                                    # (B, L, H)
-        return apply_norm(self.norm, u, pad_mask(lengths, u.size(1), u.device))      # (B, L, H)
+def S4(cfg):
+    """S4 and S4D backbone: ssm.SSMBackbone(cfg, S4Kernel), encoder → n_layers × SSMLayer(S4Kernel) → final norm.
+    forward(inputs (B, L) tokens or (B, L, d_input) floats, lengths (B,) or None) -> (B, L, H) features."""
+    return SSMBackbone(cfg, S4Kernel)

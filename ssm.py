@@ -1,12 +1,16 @@
 """ssm.py: the SSM block that S4, S4D (s4.py) and DLR (dlr.py) share (Gu et al. ICLR 2022, S4 §3.4 and §2.4).
 block:        y = SSMconv(u) + D⊙u → GELU → dropout → Linear(H→2H) → GLU → dropout,  residual + norm (pre or post)
-convolution:  SSMconv(u) = K * u by FFT, both signals zero-padded to 2L (length L alone would be circular)
-kernels:      K_l = Re Σ_n coef_n w_n^l, the Vandermonde product, made from split powers w^{a·c}·w^b
+convolution:  SSMconv(u) = K * u by FFT, both signals zero-padded to n ≥ 2L (length L alone would be circular), n with
+              no prime factor above 7, which cuFFT (and pocketfft) transform fast
+kernels:      K_l = Re Σ_n coef_n w_n^l, the Vandermonde product, made from split powers w^{a·c}·w^b; every matmul of a
+              kernel is a true float32 (or float64) one, forward and backward, whatever the process's TF32 setting
 -> FFT conv == naive sums, block recurrence == block convolution, causality: see tests/test_ssm.py.
 Shapes: B batch, L length, H = d_model channels (the papers' H), N state size; D is the skip vector only.
 A kernel is any module with forward(L) -> (H, L) | (2, H, L), initial_state(B) and step(u_t, x) -> (y_t, x).
 """
+import contextlib
 import math
+from functools import cache
 
 import torch
 import torch.nn as nn
@@ -39,6 +43,64 @@ def check_lengths(lengths, batch_size):
     Raises ValueError, instead of letting a (B, 1) or (1,) tensor broadcast into a wrong mask."""
     if lengths is not None and tuple(lengths.shape) != (batch_size,):
         raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected (B,) = ({batch_size},)")
+
+
+# ----------------------------------------------------------------------------- exact float32 matmuls
+
+TF32_IN_KERNELS = False   # True: the kernels' matmuls follow the process's TF32 setting, as plain `@` does; only
+                          # bench.py and the GPU check set it, to measure what the guard costs and what it prevents
+
+
+def tf32_flag():
+    """(name, on, off) of the attribute of torch.backends.cuda.matmul that lets CUDA's float32 matmuls use TF32:
+    fp32_precision "tf32" / "ieee" where it exists (torch ≥ 2.9, where reading the older flag after it was set raises),
+    else allow_tf32 True / False."""
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return "fp32_precision", "tf32", "ieee"
+    return "allow_tf32", True, False
+
+
+@contextlib.contextmanager
+def full_fp32_matmuls():
+    """Inside the block CUDA's float32 matmuls are true float32 ones (no TF32), whatever the process set; restored
+    after. (On a CPU float32 matmuls are float32 anyway.)"""
+    name, _, off = tf32_flag()
+    old = getattr(torch.backends.cuda.matmul, name)
+    setattr(torch.backends.cuda.matmul, name, off)
+    try:
+        yield
+    finally:
+        setattr(torch.backends.cuda.matmul, name, old)
+
+
+class Matmul(torch.autograd.Function):
+    """a @ b in full float32, forward and backward, under any TF32 setting. TF32 (NVIDIA tensor cores, compute
+    capability ≥ 8) keeps 10 of float32's 23 mantissa bits, and an SSM kernel amplifies that rounding: S4's repeated
+    squaring Ā^(2^j) and its Vandermonde product leave PathX kernels (L = 16,384, Δ ≈ 1e-4) up to 117 % off, while
+    float32 stays within 1e-3 of float64 (tests/test_ssm.py emulates TF32 on the CPU). A context manager around the
+    forward alone would not do: autograd runs the backward matmuls later, under the process's setting. TF32 off costs
+    only these matmuls' tensor-core speed-up (bench.py, "kernel precision"); float64 would cost 1/32 of the speed on
+    GPUs with weak float64 (T4, RTX). a: (..., m, k), b: (..., k, n), the same batch shape -> (..., m, n).
+    Use as matmul(a, b)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        with full_fp32_matmuls():
+            return a @ b                                                             # (..., m, n)
+
+    @staticmethod
+    def backward(ctx, g):                                                            # g: (..., m, n)
+        a, b = ctx.saved_tensors
+        with full_fp32_matmuls():
+            ga = g @ b.transpose(-1, -2) if ctx.needs_input_grad[0] else None        # (..., m, k)
+            gb = a.transpose(-1, -2) @ g if ctx.needs_input_grad[1] else None        # (..., k, n)
+        return ga, gb
+
+
+def matmul(a, b):
+    """a @ b of an SSM kernel: Matmul (full float32, forward and backward), or plain `@` when TF32_IN_KERNELS."""
+    return a @ b if TF32_IN_KERNELS else Matmul.apply(a, b)
 
 
 # ----------------------------------------------------------------------------- convolution and Vandermonde product
@@ -88,21 +150,38 @@ def vandermonde(coef, log_w, L):
     scaled = (coef[:, :, None, :] * big.transpose(1, 2)[:, None]).reshape(G, -1, M)   # (G, R·L/c, M) complex
     # Re(x·y) = Re x·Re y − Im x·Im y: one real matmul of half the flops of a complex one, on (re, im) pairs
     small = torch.view_as_real(small).transpose(2, 3).reshape(G, 2 * M, c)          # (G, 2M, c): Re w^b, −Im w^b
-    K = (torch.view_as_real(scaled).reshape(G, -1, 2 * M) @ small).view(G, R, -1)   # (G, R, ⌈L/c⌉·c) real
+    K = matmul(torch.view_as_real(scaled).reshape(G, -1, 2 * M), small).view(G, R, -1)   # (G, R, ⌈L/c⌉·c) real
     return K if K.size(-1) == L else K[..., :L]     # (G, R, L); a slice would cost a zero-filled copy in backward
 
 
+@cache
+def fft_length(n):
+    """The smallest m ≥ n with no prime factor above 7: a length cuFFT and pocketfft transform fast. A large prime
+    factor sends cuFFT to Bluestein's algorithm, several times slower: Retrieval's 2L = 8,002 = 2·4,001 -> 8,064."""
+    m = n
+    while True:
+        rest = m
+        for p in (2, 3, 5, 7):
+            while rest % p == 0:
+                rest //= p
+        if rest == 1:
+            return m
+        m += 1
+
+
 def fft_conv(u, k):
-    """Linear (not circular) convolution by FFT (S4 §2.4), both signals zero-padded to 2L.
+    """Linear (not circular) convolution by FFT (S4 §2.4), both signals zero-padded to n = fft_length(2L) ≥ 2L.
     u: (B, H, L) real. k: (H, L) causal kernel, y_t = Σ_{s≤t} k_{t−s} u_s; or (2, H, L) = (k⁰, k¹), bidirectional:
         y_t = Σ_{s≤t} k⁰_{t−s} u_s + Σ_{s>t} k¹_{s−t−1} u_s,
     i.e. k¹ runs on the time-reversed input shifted by one step, so u_t is counted once (by k⁰), as in S4.
     Returns (B, H, L) real, u's dtype."""
     L = u.size(-1)
-    if k.dim() == 3:                                        # lag −m (m = 1..L) sits at index 2L − m of the period
+    n = fft_length(2 * L)
+    if k.dim() == 3:                                        # lag −m (m = 1..L) sits at index n − m of the period
         k0, k1 = k.unbind(0)                                # (H, L) each; unbind, not k[0]: no zero-filled grads
-        k = torch.cat([k0, k1.flip(-1)], -1)                                         # (H, 2L): k⁰, then k¹ reversed
-    y = torch.fft.irfft(RFFT.apply(u, 2 * L) * RFFT.apply(k, 2 * L), n=2 * L)       # (B, H, 2L)
+        gap = k0.new_zeros(k0.size(0), n - 2 * L)                                    # (H, n − 2L): no lag there
+        k = torch.cat([k0, gap, k1.flip(-1)], -1)                                    # (H, n): k⁰, 0, k¹ reversed
+    y = torch.fft.irfft(RFFT.apply(u, n) * RFFT.apply(k, n), n=n)                   # (B, H, n)
     return y[..., :L]                                                                # (B, H, L)
 
 
@@ -203,3 +282,32 @@ class SSMLayer(nn.Module):
         y, state = self.kernel.step(z, state)                                        # (B, H)
         y = u_t + F.glu(self.out(F.gelu(y + self.D * z)), dim=-1)                    # (B, 2H) -> (B, H)
         return (y if self.prenorm else apply_norm(self.norm, y)), state
+
+
+# ----------------------------------------------------------------------------- the backbone
+
+class SSMBackbone(nn.Module):
+    """encoder → n_layers × SSMLayer(Kernel(cfg)) → final norm: the backbone of S4, S4D (s4.S4) and DLR (dlr.DLR),
+    with no head (heads.py holds the heads). forward(inputs, lengths=None) -> (B, L, H) features, float32 at least:
+    the residual stream stays in float32 between blocks under autocast too (the pixel encoder's Linear would give
+    bf16 there, the token Embedding float32: one dtype for every task). inputs: (B, L) long tokens when
+    cfg.vocab_size is set, else (B, L, d_input) float. lengths: (B,) long; None means no padding: heads.to_device
+    passes None for a batch without pads (it knows that on the host; finding it out here would make the host wait
+    for the device). Raises ValueError when lengths is not of shape (B,). With post-norm the last block's norm is
+    the final norm."""
+
+    def __init__(self, cfg, Kernel):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.d_model
+        self.encoder = nn.Embedding(cfg.vocab_size, H, padding_idx=0) if cfg.vocab_size else nn.Linear(cfg.d_input, H)
+        self.layers = nn.ModuleList(SSMLayer(cfg, Kernel(cfg)) for _ in range(cfg.n_layers))
+        self.norm = norm_layer(cfg.norm, H) if cfg.prenorm else nn.Identity()        # post-norm blocks end normed
+
+    def forward(self, inputs, lengths=None):
+        check_lengths(lengths, inputs.size(0))
+        u = self.encoder(inputs)                                          # (B, L) | (B, L, d_input) -> (B, L, H)
+        u = u.to(torch.promote_types(u.dtype, torch.float32))            # bf16 (autocast Linear) -> float32
+        for layer in self.layers:
+            u = layer(u, lengths)                                                    # (B, L, H)
+        return apply_norm(self.norm, u, pad_mask(lengths, u.size(1), u.device))      # (B, L, H)

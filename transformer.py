@@ -247,6 +247,7 @@ class Transformer(nn.Module):
         cfg = self.cfg
         check_lengths(lengths, inputs.size(0))
         h = self.encoder(inputs)                                                  # (B, L, D)
+        h = h.to(torch.promote_types(h.dtype, torch.float32))   # bf16 (autocast Linear) -> float32: one residual dtype
         L = h.size(1)
         angles = rotary_angles(L, cfg.d_model // cfg.n_heads, h.device) if cfg.rotary else None  # (L, hs/2)
         if not cfg.rotary:

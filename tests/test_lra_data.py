@@ -215,7 +215,7 @@ def test_retrieval_reads_release_tsv_and_collates_pairs(tmp_path):
         "doc not cut to 4000 + EOS"
     assert x0[1, :6].tolist() == [b + 4 for b in b"short"] + [EOS] and (x0[1, 6:] == PAD).all()
     x, lengths, y = collate([ds[1], ds[2]])
-    assert x.shape == (2, 2, 7) and lengths.tolist() == [[6, 7], [3, 2]] and y.tolist() == [0, 1]
+    assert x.shape == (2, 2, 8) and lengths.tolist() == [[6, 7], [3, 2]] and y.tolist() == [0, 1]   # 7 -> bucket 8
     assert x[1, 0, :3].tolist() == [0xC3 + 4, 0xA9 + 4, EOS], "utf-8 bytes of é"
 
 
@@ -248,6 +248,8 @@ def test_data_fraction_subsets_nest_and_leave_val_and_test_alone(shared_data, tm
 def test_collate_pads_tokens_and_stacks_pixels_and_normalize_matches_lra():
     x, lengths, y = collate([(torch.tensor([5, 6, EOS]), 1), (torch.tensor([7, EOS]), 0)])
     assert x.tolist() == [[5, 6, EOS], [7, EOS, PAD]] and lengths.tolist() == [3, 2] and y.tolist() == [1, 0]
+    x, lengths, _ = collate([(torch.full((513,), 5), 0), (torch.full((40,), 6), 1)])
+    assert x.shape == (2, 768) and (x[0, 513:] == PAD).all() and lengths.tolist() == [513, 40], "513 -> bucket 768"
     black, white = torch.zeros(1024, dtype=torch.uint8), torch.full((1024,), 255, dtype=torch.uint8)
     x, lengths, y = collate([(black, 0), (white, 1)])
     assert x.dtype == torch.uint8 and x.shape == (2, 1024) and lengths.tolist() == [1024, 1024]
@@ -514,3 +516,18 @@ def test_cli_errors_are_one_line_named_after_the_script(tmp_path, capsys):
         lra_data.main(["--task", "listops", "--data-dir", str(tmp_path), "--generate", "-5"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("lra_data.py: error: --generate -5"), err
+
+
+def test_token_batches_of_a_listops_epoch_take_few_bucketed_lengths_and_fft_sizes(tmp_path):
+    # lengths 30..500 vary from batch to batch: bucketing leaves a handful of shapes (FFT plans, compiled graphs)
+    import ssm
+    lra_data.generate_listops(tmp_path, 400, 4, 4, min_length=30, max_length=500)
+    data = load("listops", "train", tmp_path, cache_dir=tmp_path / "c")
+    loader = torch.utils.data.DataLoader(data, 8, shuffle=True, collate_fn=collate,
+                                         generator=torch.Generator().manual_seed(0))
+    longest = {int(lengths.max()) for _, lengths, _ in loader}
+    padded = {x.size(-1) for x, _, _ in loader}
+    assert len(longest) > 20 and len(padded) <= 5, f"{len(longest)} batch lengths became {sorted(padded)}"
+    assert all(lra_data.bucket_length(n) <= 1.5 * n for n in range(1, 5000)), "a bucket pads more than 1.5x"
+    sizes = {ssm.fft_length(2 * L) for L in padded}
+    assert sizes == {2 * L for L in padded}, f"bucketed lengths are smooth, so 2L needs no rounding: {sizes}"

@@ -133,11 +133,42 @@ def test_ddp_non_finite_check_names_the_earliest_bad_step_of_any_process_and_its
         assert lines[2].endswith("finite"), lines[2]
 
 
-def test_global_batch_that_does_not_split_over_the_processes_exits_with_status_2(data_dir, tmp_path, capsys,
-                                                                                 monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "3")                # as torchrun --nproc_per_node=3 would; checked before init
-    exits_with_one_line(["--data-dir", str(data_dir), "--out", str(tmp_path), *TINY, "--task", "listops"], capsys,
-                        "--batch-size 16")
+def test_three_ddp_processes_with_a_global_batch_of_50_train_as_one_process(data_dir, tmp_path):
+    # 50 = 17 + 17 + 16 rows: uneven shards, and the gradient must still be the global-batch mean
+    flags = ["--data-dir", str(data_dir), *TINY, "--model", "dlr", "--task", "listops", "--batch-size", "50",
+             "--max-train", "60", "--max-eval", "9", "--epochs", "2", "--device", "cpu"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3",
+                           "train.py", "--out", str(tmp_path / "three"), *flags], cwd=REPO, capture_output=True,
+                          text=True, timeout=180, env={**env, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, _ = run(data_dir, tmp_path / "one", *flags)
+    (three_dir,) = (tmp_path / "three").iterdir()
+    a, b = records(one["run_dir"])[:-1], records(three_dir)[:-1]
+    assert len(a) == len(b) == 3, (a, b)
+    for ra, rb in zip(a, b):
+        for key in ("train_loss", "train_acc", "val_loss", "val_acc", "test_acc", "test_loss"):
+            if key in ra:
+                assert abs(ra[key] - rb[key]) < 1e-4, f"{key}: 1 process {ra[key]}, 3 processes {rb[key]}"
+
+
+def test_a_paper_presets_accumulation_is_per_process_and_halves_under_two_processes(monkeypatch):
+    import presets
+    counts = {}
+    for world in ("1", "2"):
+        monkeypatch.setenv("WORLD_SIZE", world)
+        args, _, _ = train.parse_flags(["--preset", "paper", "--model", "s4", "--task", "retrieval", "--spt"])
+        presets.apply_presets(args)
+        counts[world] = args.accum_steps
+    assert counts == {"1": 2, "2": 1}, f"S4 Retrieval batch 256, 128 per micro-batch: {counts}"
+
+
+def test_a_pretraining_batch_that_leaves_a_process_one_example_is_named_at_start_up(monkeypatch):
+    import presets
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    args, _, _ = train.parse_flags(["--preset", "paper", "--model", "dlr", "--task", "pathx", "--spt"])
+    _, notes = presets.apply_presets(args)
+    assert any("--pretrain-batch-size 8 over 8 processes" in n for n in notes), notes
 
 
 # ---- resume, NaN guard --------------------------------------------------------------------------------------------
@@ -513,3 +544,20 @@ def test_flags_of_self_pre_training_without_spt_are_named_as_ignored(data_dir, t
                      "--mask-ratio", "0.3")
     note = next(line for line in (run_dir / "log.txt").read_text().splitlines() if "only act with --spt" in line)
     assert "--mask-ratio" in note and "--objective" in note and note.endswith("ignored"), note
+
+
+def test_precision_sets_tf32_explicitly_so_fp32_after_bf16_or_tf32_has_none():
+    import argparse
+    import runs
+    import ssm
+    name, on, off = ssm.tf32_flag()
+    flag = lambda: getattr(torch.backends.cuda.matmul, name)              # noqa: E731
+    old = flag()
+    try:
+        for first in ("bf16", "tf32"):
+            runs.precision(argparse.Namespace(precision=first, amp=False), torch.device("cpu"))
+            assert flag() == (on if first == "tf32" else off), f"--precision {first}: TF32 is {flag()}"
+            runs.precision(argparse.Namespace(precision="fp32", amp=False), torch.device("cpu"))
+            assert flag() == off and not torch.backends.cudnn.allow_tf32, f"fp32 after {first} left TF32 {flag()}"
+    finally:
+        setattr(torch.backends.cuda.matmul, name, old)

@@ -1,16 +1,19 @@
 """Tests for ssm.py, the block S4, S4D and DLR share: each test runs over every kernel (S4 NPLR, S4D, DLR) and is
 named after the fact it checks (float64 for equivalences, tiny sizes, CPU). Kernel math lives in test_s4/test_dlr."""
 import copy
+import dataclasses
 
 import pytest
 import torch
 import torch.nn as nn
+from torch.overrides import TorchFunctionMode
 
 import dlr
 import s4
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
-from ssm import RFFT, SSMLayer, fft_conv, masked_batch_norm, vandermonde
+import ssm
+from ssm import RFFT, SSMLayer, fft_conv, fft_length, masked_batch_norm, vandermonde
 from conftest import default_dtype
 
 # name -> (Config, Kernel, Backbone, SSM_PARAMS, the config fields that pick the kernel, d_state of the small tests)
@@ -54,6 +57,34 @@ def test_fft_conv_equals_naive_sums_with_backward_branch_shifted_by_one():
                 bidir[..., t] += k[1, :, s - t - 1] * u[..., s]
     torch.testing.assert_close(fft_conv(u, k[0]), causal, msg="causal FFT conv != Σ_{s≤t} k_{t−s} u_s")
     torch.testing.assert_close(fft_conv(u, k), causal + bidir, msg="bidirectional FFT conv != naive sums")
+
+
+def smooth(n):
+    for p in (2, 3, 5, 7):
+        while n % p == 0:
+            n //= p
+    return n == 1
+
+
+@pytest.mark.parametrize("L", [4001, 1009, 30])                       # 4001 and 1009 are prime: 2L = 2·prime
+def test_fft_conv_at_a_length_with_a_large_prime_factor_uses_a_smooth_size_and_the_same_result(L, monkeypatch):
+    torch.manual_seed(0)
+    u, k = torch.randn(1, 2, L, dtype=torch.float64), torch.randn(2, 2, L, dtype=torch.float64)   # (B, H, L), (2, H, L)
+    sizes, apply = [], RFFT.apply
+    monkeypatch.setattr(RFFT, "apply", lambda x, n: sizes.append(n) or apply(x, n))
+    got = {"causal": fft_conv(u, k[0]), "bidirectional": fft_conv(u, k)}
+    assert sizes and all(n >= 2 * L and smooth(n) for n in sizes), f"FFT sizes {sizes} for L = {L}"
+    n = 2 * L                                                          # the plain length-2L reference
+    ref0 = torch.fft.irfft(torch.fft.rfft(u, n) * torch.fft.rfft(k[0], n), n)[..., :L]
+    k_full = torch.cat([k[0], k[1].flip(-1)], -1)                      # backward half at the end of the 2L period
+    ref = torch.fft.irfft(torch.fft.rfft(u, n) * torch.fft.rfft(k_full, n), n)[..., :L]
+    torch.testing.assert_close(got["causal"], ref0, rtol=0, atol=1e-10, msg="causal result changed with the size")
+    torch.testing.assert_close(got["bidirectional"], ref, rtol=0, atol=1e-10, msg="bidirectional result changed")
+
+
+def test_fft_length_is_the_next_length_with_no_prime_factor_above_7():
+    assert [fft_length(n) for n in (8002, 8064, 2048, 11, 2 * 1009)] == [8064, 8064, 2048, 12, 2025]
+    assert all(not smooth(m) for m in range(8002, 8064)), "8,064 is the first smooth length from 8,002"
 
 
 @over_kernels
@@ -162,6 +193,123 @@ def test_ssm_convolution_runs_in_float32_under_autocast(name, monkeypatch):
         y = layer(torch.randn(2, 10, 4).bfloat16())
     assert seen and all(d == torch.float32 for d in seen), f"FFT ran in {seen}"
     assert torch.isfinite(y.float()).all()
+
+
+# ----------------------------------------------------------------------------- precision: TF32
+
+def tf32_round(x):
+    """x rounded to TF32 (float32 with a 10-bit mantissa: 13 low bits cleared, round to nearest even); complex: both
+    parts. Returns float32 / complex64, as a tensor core would read the operand."""
+    if x.is_complex():
+        return torch.view_as_complex(tf32_round(torch.view_as_real(x)).contiguous())
+    i = x.contiguous().view(torch.int32)
+    return ((i + 0xFFF + ((i >> 13) & 1)) & ~0x1FFF).view(torch.float32)
+
+
+MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm, torch.mm,
+           torch.Tensor.mm, torch.einsum}
+
+
+class EmulatedTF32(TorchFunctionMode):
+    """CUDA's TF32 on the CPU: while the process allows TF32 (ssm.tf32_flag), every float32 / complex64 matmul reads
+    its operands rounded to TF32 and multiplies them exactly (float64), as tensor cores do. `calls` records, for
+    each float32 matmul, whether TF32 was allowed at that moment."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if func in MATMULS and tensors and all(t.dtype in (torch.float32, torch.complex64) for t in tensors):
+            name, on, _ = ssm.tf32_flag()
+            self.calls.append(getattr(torch.backends.cuda.matmul, name) == on)
+            if self.calls[-1]:
+                wide = [tf32_round(a).to(torch.complex128 if a.is_complex() else torch.float64)
+                        if isinstance(a, torch.Tensor) else a for a in args]
+                out = func(*wide, **kwargs)
+                return out.to(torch.complex64 if out.is_complex() else torch.float32)
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def tf32_allowed():
+    """The process allows TF32, as `--precision tf32` does (and runs.precision did for bf16 before)."""
+    name, on, _ = ssm.tf32_flag()
+    old = getattr(torch.backends.cuda.matmul, name)
+    setattr(torch.backends.cuda.matmul, name, on)
+    yield
+    setattr(torch.backends.cuda.matmul, name, old)
+
+
+def paper_kernel(name, task):
+    """The SSM kernel of one layer of --preset paper on `task` (S4D: S4's with mode="diag"), float32."""
+    import train
+    model = "dlr" if name == "dlr" else "s4"
+    cfg = train.model_config(model, task, train.preset_values("paper", model, task, False))
+    torch.manual_seed(0)
+    return KERNELS[name][1](dataclasses.replace(cfg, **KERNELS[name][4]))
+
+
+@over_kernels
+@pytest.mark.parametrize("task", ["pathx", "pathfinder"])
+def test_kernel_under_emulated_tf32_stays_within_1e_3_of_float64_in_every_channel(name, task, tf32_allowed):
+    # PathX: H = 256 (bidirectional: 512 SSMs), N = 64 (DLR 1,024), L = 16,384, Δ from 1e-4 (S4): with TF32 in its
+    # matmuls S4's squarings and Vandermonde product put every channel over 1e-3 and some over 100 %
+    kernel = paper_kernel(name, task)
+    L = {"pathx": 16384, "pathfinder": 1024}[task]
+    with torch.no_grad():
+        exact = copy.deepcopy(kernel).double()(L).reshape(-1, L)                     # (channels, L) float64
+        with EmulatedTF32() as mode:
+            K = kernel(L).reshape(-1, L).double()                                    # (channels, L)
+    assert mode.calls and not any(mode.calls), "the kernel ran a float32 matmul with TF32 allowed"
+    error = (K - exact).norm(dim=-1) / exact.norm(dim=-1)                             # (channels,)
+    assert error.max() < 1e-3, f"{name} on {task}: {int((error > 1e-3).sum())} of {len(error)} channels over 1e-3 " \
+                               f"(worst {error.max():.2e}) under TF32"
+
+
+def test_emulated_tf32_would_corrupt_the_unguarded_s4_kernel(tf32_allowed, monkeypatch):
+    # the same check with the guard off (plain `@`, as before): it must fail, or the test above proves nothing
+    monkeypatch.setattr(ssm, "TF32_IN_KERNELS", True)
+    kernel = paper_kernel("s4-nplr", "pathfinder")
+    with torch.no_grad():
+        exact = copy.deepcopy(kernel).double()(1024).reshape(-1, 1024)
+        with EmulatedTF32() as mode:
+            K = kernel(1024).reshape(-1, 1024).double()
+    error = (K - exact).norm(dim=-1) / exact.norm(dim=-1)
+    assert all(mode.calls) and (error > 1e-2).sum() > 50, f"TF32 emulation too weak: worst {error.max():.2e}"
+
+
+@over_kernels
+def test_kernel_matmuls_run_without_tf32_forward_and_backward(name, tf32_allowed, monkeypatch):
+    # autograd runs the backward later, outside any context around the forward: both must be guarded
+    name_, on, _ = ssm.tf32_flag()
+    calls, matmul = [], torch.Tensor.__matmul__
+    def spy(a, b):
+        if a.dtype in (torch.float32, torch.complex64):
+            calls.append(getattr(torch.backends.cuda.matmul, name_) == on)
+        return matmul(a, b)
+    kernel = kernel_of(name, d_model=4, d_state=16)
+    monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
+    K = kernel(64)
+    forward = len(calls)
+    grads = torch.autograd.grad(K.square().sum(), list(kernel.parameters()))
+    assert forward >= 1 and len(calls) > forward, f"matmuls seen: {forward} forward, {len(calls) - forward} backward"
+    assert not any(calls), f"TF32 allowed in {sum(calls)} of the kernel's {len(calls)} matmuls"
+    assert getattr(torch.backends.cuda.matmul, name_) == on, "the process's own setting was not restored"
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_exact_matmul_has_the_gradients_of_plain_matmul():
+    torch.manual_seed(0)
+    a = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 5, 2, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 4, 2, dtype=torch.float64)
+    torch.testing.assert_close(ssm.Matmul.apply(a, b), a @ b)
+    ours, ref = torch.autograd.grad(ssm.Matmul.apply(a, b), (a, b), g), torch.autograd.grad(a @ b, (a, b), g)
+    for x, y in zip(ours, ref):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12, msg="Matmul's backward != matmul's")
 
 
 # ----------------------------------------------------------------------------- backbones: shapes, causality, padding
@@ -278,6 +426,7 @@ def test_forward_traces_as_one_graph_so_it_never_waits_for_the_device(name, padd
     # kernels run eagerly under torch.compile (torch.compiler.disable): trace their undecorated forward too.
     for Kernel in (S4Kernel, DLRKernel):
         monkeypatch.setattr(Kernel, "forward", Kernel.forward.__wrapped__)
+    monkeypatch.setattr(ssm, "TF32_IN_KERNELS", True)   # plain `@`: the TF32 guard's flag calls are host-only, not syncs
     torch._dynamo.reset()
     model = backbone_of(name, d_model=8, n_layers=1, d_state=8, vocab_size=12, norm="batch", dropout=0.1)
     lengths = torch.tensor([9, 5]) if padded else None
@@ -327,3 +476,23 @@ def test_compiled_training_step_equals_eager(name):
     torch.testing.assert_close(loss, training_step(eager, x, target), rtol=1e-4, atol=1e-4, msg="compiled loss")
     for (pname, a), b in zip(compiled.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"{pname} after one compiled AdamW step")
+
+
+@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+def test_residual_stream_dtype_is_the_same_on_a_pixel_and_a_token_task_under_autocast(model):
+    # the pixel encoder is a Linear (autocast: bf16), the token encoder an Embedding (float32): both must give one dtype
+    import train
+    seen = {}
+    for task, x in (("pathfinder", torch.randn(2, 32, 2)), ("listops", torch.randint(4, 19, (2, 32)))):
+        cfg = train.model_config(model, task, dict(d_model=16, n_layers=2, d_state=8, n_heads=2, d_ff=32,
+                                                   dropout=0.0))
+        net = train.MODELS[model][1](cfg)
+        dtypes = []
+        for layer in net.layers:
+            layer.register_forward_hook(lambda mod, inp, out: dtypes.append((inp[0].dtype, out.dtype)))
+        with torch.autocast("cpu", torch.bfloat16):
+            net(x)
+            assert net.encoder(x).dtype == (torch.bfloat16 if task == "pathfinder" else torch.float32), \
+                "autocast did not cast the pixel encoder: the test proves nothing"
+        seen[task] = set(dtypes)
+    assert seen["pathfinder"] == seen["listops"] == {(torch.float32, torch.float32)}, seen
