@@ -22,20 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import listops
-import lra_cache
-import lra_files
-import pathfinder
-from listops import LISTOPS_SYMBOLS
-from lra_cache import cache_root
-from lra_files import EOS, N_SPECIAL, PAD, DataError, plural
-from pathfinder import DIFFICULTIES, GENERATED_MARK, describe_folder, measure_speed
-# Re-exported: callers and tests use these as lra_data.<name>. Readers and generators are called through their module
-# (lra_files.imdb_rows, pathfinder.generate_pathfinder), so a test that patches them there is obeyed here.
-from listops import LISTOPS_ID, evaluate_listops, generate_listops, listops_tokens  # noqa: F401
-from lra_files import MASK, UNK, byte_ids, cifar_gray  # noqa: F401
-from pathfinder import generate_pathfinder  # noqa: F401
-
+from lra import cache as lra_cache
+from lra import files as lra_files
+from lra import listops, pathfinder
+from lra.cache import cache_root
+from lra.files import EOS, GENERATED_MARK, MASK, N_SPECIAL, PAD, DataError, describe_folder, plural
+from lra.listops import LISTOPS_SYMBOLS
+from lra.pathfinder import DIFFICULTIES, measure_speed
 
 @dataclass(frozen=True)
 class Task:

@@ -3,8 +3,8 @@ tests/conftest.py), the id layout, and that LRA's generator keeps LRA's rules. T
 lra_data.load in tests/test_lra_data.py. CPU only; generated files go into tmp_path."""
 import pytest
 
-from listops import LISTOPS_ID, evaluate_listops, generate_listops, listops_tokens
-from lra_files import N_SPECIAL, DataError
+from lra.listops import LISTOPS_ID, evaluate_listops, generate_listops, listops_tokens
+from lra.files import N_SPECIAL, DataError
 from conftest import shared_file
 
 LISTOPS_TEST = "listops/nyu_listops_original/test_d20s.tsv"

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import lra_cache
+from lra import cache as lra_cache
 
 
 def test_default_cache_never_goes_into_read_only_data(tmp_path):

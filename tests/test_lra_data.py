@@ -13,8 +13,10 @@ import torch
 from PIL import Image
 
 import lra_data
-import lra_files
-import pathfinder
+from lra import files as lra_files
+from lra import pathfinder
+from lra.listops import generate_listops
+from lra.pathfinder import generate_pathfinder
 from lra_data import EOS, PAD, TASKS, DataError, collate, load, normalize
 from conftest import shared_file
 
@@ -309,7 +311,7 @@ def test_corrupt_missing_or_wrongly_sized_image_names_the_file(tmp_path):
 
 def test_a_read_only_default_data_folder_is_refused_as_its_own_fallback_cache(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                         # --data-dir data (the default): ./data/cache would be inside it
-    folder = lra_data.generate_listops(tmp_path / "data", 20, 2, 2, min_length=10, max_length=60)
+    folder = generate_listops(tmp_path / "data", 20, 2, 2, min_length=10, max_length=60)
     before = snapshot(tmp_path / "data")
     (tmp_path / "data").chmod(0o555)
     try:
@@ -365,13 +367,13 @@ def test_generation_refuses_a_folder_holding_files_it_did_not_make(tmp_path):
 
 
 def test_generation_never_overwrites_a_file_even_in_its_own_folder(tmp_path):
-    folder = lra_data.generate_listops(tmp_path, 20, 2, 2, min_length=10, max_length=60)
+    folder = generate_listops(tmp_path, 20, 2, 2, min_length=10, max_length=60)
     (folder / "basic_test.tsv").unlink()                                     # our folder, one file lost
     before = snapshot(folder)
     one_line_error(lambda: load("listops", "train", tmp_path, generate=24, cache_dir=tmp_path / "c"),
                    f"{folder / 'basic_train.tsv'} already exists", "never overwrites")
     assert snapshot(folder) == before, "our own ListOps folder was changed"
-    pf = lra_data.generate_pathfinder(tmp_path, n=4, per_batch=4)
+    pf = generate_pathfinder(tmp_path, n=4, per_batch=4)
     (pf / "metadata" / "0.npy").unlink()                                     # as if interrupted mid-batch
     before = snapshot(pf)
     one_line_error(lambda: load("pathfinder", "train", tmp_path, generate=20, cache_dir=tmp_path / "c"),
@@ -408,7 +410,7 @@ def test_original_listops_files_in_data_dir_are_never_mixed_with_generated_ones(
 
 def test_a_task_folder_both_in_data_dir_and_under_lra_release_is_refused_naming_both(tmp_path):
     for root in (tmp_path, tmp_path / "lra_release"):
-        lra_data.generate_listops(root, 20, 2, 2, min_length=10, max_length=60)
+        generate_listops(root, 20, 2, 2, min_length=10, max_length=60)
     one_line_error(lambda: load("listops", "train", tmp_path, cache_dir=tmp_path / "c"),
                    str(tmp_path / "listops-1000"), str(tmp_path / "lra_release" / "listops-1000"))
 
@@ -416,7 +418,7 @@ def test_a_task_folder_both_in_data_dir_and_under_lra_release_is_refused_naming_
 # ----------------------------------------------------------------------------- nothing shrinks or goes stale silently
 
 def test_a_count_differing_from_generate_is_reported_with_the_command_that_regenerates(tmp_path, capsys):
-    folder = lra_data.generate_listops(tmp_path, 96, 2, 2, min_length=10, max_length=60)
+    folder = generate_listops(tmp_path, 96, 2, 2, min_length=10, max_length=60)
     before = snapshot(folder)
     ds = load("listops", "train", tmp_path, generate=1000, cache_dir=tmp_path / "c")
     assert len(ds) == 96 and snapshot(folder) == before, "our own data was regenerated or changed"
@@ -426,7 +428,7 @@ def test_a_count_differing_from_generate_is_reported_with_the_command_that_regen
     assert lra_data.main(["--task", "listops", "--data-dir", str(tmp_path), "--cache-dir", str(tmp_path / "c"),
                           "--generate", "1000"]) == 0
     assert "note: " + ds.notes[-1] in capsys.readouterr().out, "the CLI does not print the note"
-    pf = lra_data.generate_pathfinder(tmp_path, n=10, per_batch=10)
+    pf = generate_pathfinder(tmp_path, n=10, per_batch=10)
     ds = load("pathfinder", "train", tmp_path, generate=30, cache_dir=tmp_path / "c")
     assert len(ds) == 8 and any(f"{pf} holds 10 generated examples, not the 30" in n and "--difficulty hard" in n
                                 for n in ds.notes), ds.notes
@@ -475,7 +477,7 @@ def test_empty_reviews_and_cut_expressions_are_counted_in_notes_kept_in_the_cach
 
 
 def test_cache_is_rebuilt_when_a_png_is_truncated_and_then_names_it(tmp_path):
-    folder = lra_data.generate_pathfinder(tmp_path, n=20, per_batch=10)
+    folder = generate_pathfinder(tmp_path, n=20, per_batch=10)
     assert len(load("pathfinder", "train", tmp_path, cache_dir=tmp_path / "c")) == 16
     bad = folder / "imgs" / "1" / "sample_3.png"
     bad.write_bytes(bad.read_bytes()[:40])
@@ -521,7 +523,7 @@ def test_cli_errors_are_one_line_named_after_the_script(tmp_path, capsys):
 def test_token_batches_of_a_listops_epoch_take_few_bucketed_lengths_and_fft_sizes(tmp_path):
     # lengths 30..500 vary from batch to batch: bucketing leaves a handful of shapes (FFT plans, compiled graphs)
     import ssm
-    lra_data.generate_listops(tmp_path, 400, 4, 4, min_length=30, max_length=500)
+    generate_listops(tmp_path, 400, 4, 4, min_length=30, max_length=500)
     data = load("listops", "train", tmp_path, cache_dir=tmp_path / "c")
     loader = torch.utils.data.DataLoader(data, 8, shuffle=True, collate_fn=collate,
                                          generator=torch.Generator().manual_seed(0))

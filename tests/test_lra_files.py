@@ -2,7 +2,7 @@
 Pathfinder metadata formats. The real downloads are read through lra_data.load in tests/test_lra_data.py. CPU only."""
 import numpy as np
 
-from lra_files import EOS, aan_rows, byte_ids, pathfinder_index
+from lra.files import EOS, aan_rows, byte_ids, pathfinder_index
 
 
 def test_byte_ids_are_bytes_plus_4_cut_to_max_len_with_eos():

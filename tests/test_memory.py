@@ -4,7 +4,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lra_data
-import memory
+from tools import memory
 import train
 
 

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import pathfinder
-from pathfinder import GENERATED_MARK, PARAMS, _tables, _touches, generate_pathfinder, pathfinder_image
+from lra import pathfinder
+from lra.files import GENERATED_MARK
+from lra.pathfinder import PARAMS, _tables, _touches, generate_pathfinder, pathfinder_image
 
 # Statistics of the original generator's images, over every image of each reference split (12,000 / 6,000 / 6,000
 # 32-px and 525 128-px images; the reference set's README.md, "Statistics", and this repo's README.md). The tests

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import lra_data
+from lra.listops import generate_listops
 import train
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -46,7 +47,7 @@ def test_summarize_draws_the_same_plots_twice(tmp_path):
 def test_kernel_profile_at_init_is_the_model_train_py_started_from(model, tmp_path, monkeypatch):
     """With the optimiser step disabled the weights never move, so the profiles after SPT and after fine-tuning (read
     from the checkpoints) must equal the init profile that kernels.py rebuilds from the seed alone."""
-    lra_data.generate_listops(tmp_path / "data", 16, 8, 8, min_length=10, max_length=60)
+    generate_listops(tmp_path / "data", 16, 8, 8, min_length=10, max_length=60)
     monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, closure=None: None)
     train.main(["--model", model, "--task", "listops", "--spt", "--preset", "tiny", "--seed", "3", "--d-model", "8",
                 "--n-layers", "2", "--d-state", "8", "--batch-size", "16", "--max-eval", "8", "--epochs", "1",

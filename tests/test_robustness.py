@@ -17,6 +17,8 @@ import torch
 
 import heads
 import lra_data
+from lra.listops import generate_listops
+from lra.pathfinder import generate_pathfinder
 import train
 from conftest import TINY, records, run
 
@@ -27,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 def data_dir(tmp_path_factory):
     """ListOps in the release format: 60 / 9 / 9 trees of 30..200 tokens."""
     root = tmp_path_factory.mktemp("data")
-    lra_data.generate_listops(root, 60, 9, 9, min_length=30, max_length=200)
+    generate_listops(root, 60, 9, 9, min_length=30, max_length=200)
     return root
 
 
@@ -292,7 +294,7 @@ def test_missing_data_file_exits_with_status_2_naming_it(data_dir, tmp_path, cap
 
 
 def test_corrupt_png_exits_with_status_2_naming_the_image(tmp_path, capsys):
-    folder = lra_data.generate_pathfinder(tmp_path, res=32, n=20, contour_length=14)
+    folder = generate_pathfinder(tmp_path, res=32, n=20, contour_length=14)
     bad = folder / "imgs" / "0" / "sample_7.png"
     bad.write_bytes(bad.read_bytes()[:40])               # a truncated download
     exits_with_one_line(["--task", "pathfinder", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY,
@@ -310,7 +312,7 @@ def test_malformed_tsv_row_exits_with_status_2_naming_file_and_line(tmp_path, ca
 
 
 def test_empty_split_exits_with_status_2_naming_it(tmp_path, capsys):
-    lra_data.generate_pathfinder(tmp_path, res=32, n=6, contour_length=14)   # 10% of 6 images: no val, no test
+    generate_pathfinder(tmp_path, res=32, n=6, contour_length=14)   # 10% of 6 images: no val, no test
     exits_with_one_line(["--task", "pathfinder", "--data-dir", str(tmp_path), "--out", str(tmp_path), *TINY,
                          "--generate", "0"], capsys, "val split")
 
@@ -497,7 +499,7 @@ def test_gradient_accumulation_over_k_micro_batches_equals_one_full_batch(task, 
     # listops: padded token batches (rows of different lengths, masks of different sizes); pathfinder: pixels
     torch.manual_seed(0)
     if task == "pathfinder":
-        lra_data.generate_pathfinder(tmp_path, res=32, n=40, contour_length=14)
+        generate_pathfinder(tmp_path, res=32, n=40, contour_length=14)
         data_dir = tmp_path
     data = lra_data.load(task, "train", data_dir, cache_dir=tmp_path / "cache")
     batch = lra_data.collate([data[i] for i in range(12)])

@@ -14,6 +14,7 @@ import torch
 import denoise
 import heads
 import lra_data
+from lra.listops import generate_listops
 import train
 from conftest import records, run
 
@@ -22,7 +23,7 @@ def data_dir(tmp_path_factory):
     """Generated data in the release formats, made once for this file: 200 Pathfinder images (32 px, hard) and 280
     ListOps trees of 30..200 tokens (the LRA generator with a shorter length window, so tests stay fast)."""
     root = tmp_path_factory.mktemp("data")
-    lra_data.generate_listops(root, 200, 40, 40, min_length=30, max_length=200)
+    generate_listops(root, 200, 40, 40, min_length=30, max_length=200)
     lra_data.load("pathfinder", "train", root, generate=200, workers=1)
     return root
 

@@ -38,21 +38,32 @@ CHECK_SIZE = dict(d_model=64, n_layers=2, n_heads=4, d_ff=128, dropout=0.0)
 
 # ---- measured memory: CUDA's allocator, or the resident set ---------------------------------------------------------
 
+def device_type(device):
+    """"cuda" for "cuda", "cuda:1", torch.device("cuda", 0), ...; "cpu" for "cpu": compare types, never strings."""
+    return torch.device(device).type
+
+
 def memory_mib(device, what, reset=False):
-    """MiB of memory: what = "now" (CUDA allocated / resident set), "peak" (since the last reset: CUDA's allocator
-    counter, or VmHWM, reset by writing 5 to /proc/self/clear_refs, Linux) or "free"."""
-    if device == "cuda":
+    """MiB of memory on `device` (a string or torch.device). what: "now" (CUDA: allocated; CPU: the resident set),
+    "peak" (since the last reset: CUDA's allocator counter of allocated bytes, or VmHWM, reset by writing 5 to
+    /proc/self/clear_refs, Linux), "reserved" and "reserved_peak" (CUDA's caching allocator, which also holds cuFFT
+    workspaces and fragmentation; None on a CPU), "free" and "total" (torch.cuda.mem_get_info, or MemAvailable /
+    MemTotal)."""
+    if device_type(device) == "cuda":
         if reset:
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.reset_peak_memory_stats(device)
         info = dict(now=torch.cuda.memory_allocated, peak=torch.cuda.max_memory_allocated,
-                    free=lambda: torch.cuda.mem_get_info()[0])
-        return info[what]() / 2**20
+                    reserved=torch.cuda.memory_reserved, reserved_peak=torch.cuda.max_memory_reserved,
+                    free=lambda d: torch.cuda.mem_get_info(d)[0], total=lambda d: torch.cuda.mem_get_info(d)[1])
+        return info[what](device) / 2**20
     if reset:                                # first hand memory that malloc keeps for reuse back to the system
         ctypes.CDLL(None).malloc_trim(0)     # (glibc), so that what the row needs shows in the resident set
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
+    if what in ("reserved", "reserved_peak"):
+        return None
     key, path = dict(now=("VmRSS", "self/status"), peak=("VmHWM", "self/status"), free=("MemAvailable", "meminfo"),
-                     )[what]
+                     total=("MemTotal", "meminfo"))[what]
     with open(f"/proc/{path}") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(key + ":")) / 1024
 
@@ -224,9 +235,9 @@ def measure_memory(cases):
     """memory_growth(cases) in a fresh process with one thread, where large allocations each get their own mmap
     (MALLOC_MMAP_THRESHOLD_): freed memory leaves the resident set at once, so its peak is the peak of live memory."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    code = "import memory, json, sys; print(json.dumps(memory.memory_growth(json.load(sys.stdin))))"
+    code = "from tools import memory; import json, sys; print(json.dumps(memory.memory_growth(json.load(sys.stdin))))"
     out = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases), env=env, capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent)
+                         cwd=Path(__file__).resolve().parents[1])
     if out.returncode:
         raise RuntimeError(f"memory measurement failed: {out.stderr.strip()[-800:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

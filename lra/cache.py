@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from lra_files import DataError
+from lra.files import DataError
 
 CACHE_VERSION = 2
 

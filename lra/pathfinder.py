@@ -22,6 +22,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
+from lra.files import GENERATED_MARK, check_output_folder
+
 # Names used below (y, x = row, column; the repo's shape legend B, L, D, ... does not apply in this file):
 #   dash        one short anti-aliased line segment ("paddle" in snakes2); a path ("snake") is a chain of dashes
 #   tail, head  the start and the end of a dash; pivot: the centre of the circle on which the next dash's head lies
@@ -77,7 +79,6 @@ SEED_TRIES = 3                  # second seeds per first seed (and seed angles p
 DISTRACTOR_TRIES = 5            # and attempts per distractor path
 TARGETS_MAY_TOUCH = False       # True = the original: a dash is never tested against the other target path's newest
                                 # dash, so in about a quarter of its images the two target paths overlap
-GENERATED_MARK = "generated_by_lra_data.txt"   # written first into every folder a generator of this repo fills
 
 
 # ----------------------------------------------------------------------------- stamps drawn once per (res, margin)
@@ -418,30 +419,6 @@ def _write_batch(job):
         raise _exists(meta, out)
     tmp.replace(meta)                         # only finished batches have metadata
     return len(labels)
-
-
-def describe_folder(folder):
-    """One phrase saying what a folder holds, e.g. 'found 12,000 PNG files but no metadata/ in X'."""
-    files = [f.relative_to(folder).as_posix() for f in Path(folder).rglob("*") if f.is_file()]
-    pngs = sum(f.lower().endswith(".png") for f in files)
-    others = [f for f in files if not f.lower().endswith(".png")]
-    what = []
-    if pngs:
-        what.append(f"{pngs:,} PNG file{'s' * (pngs != 1)}")
-    if others:
-        what.append(f"{len(others):,} other file{'s' * (len(others) != 1)} ({', '.join(others[:3])}"
-                    f"{', ...' * (len(others) > 3)})")
-    no_metadata = " but no metadata/" if pngs and not (Path(folder) / "metadata").is_dir() else ""
-    return f"found {' and '.join(what) or 'no files'}{no_metadata} in {folder}"
-
-
-def check_output_folder(folder):
-    """Raise FileExistsError (one line) if folder holds a file but no GENERATED_MARK: then it is someone's data."""
-    folder = Path(folder)
-    if folder.is_dir() and not (folder / GENERATED_MARK).exists() and any(f.is_file() for f in folder.rglob("*")):
-        raise FileExistsError(f"{describe_folder(folder)}, which this repo's generators did not make (no "
-                              f"{GENERATED_MARK}); they never write into such a folder: generate into an empty one "
-                              f"instead (--data-dir <empty folder>)")
 
 
 def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers=1, per_batch=1000):

@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from lra_files import EOS, N_SPECIAL, DataError, note_if, plural
-from pathfinder import GENERATED_MARK, check_output_folder
+from lra.files import EOS, GENERATED_MARK, N_SPECIAL, DataError, check_output_folder, note_if, plural
 
 LISTOPS_SYMBOLS = [str(d) for d in range(10)] + ["[MIN", "[MAX", "[MED", "[SM", "]"]
 LISTOPS_ID = {s: N_SPECIAL + i for i, s in enumerate(LISTOPS_SYMBOLS)}     # "0" -> 4 ... "]" -> 18

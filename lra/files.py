@@ -25,6 +25,35 @@ class DataError(Exception):
     """Missing or malformed input. The message is one actionable line; train.py exits with status 2."""
 
 
+# ----------------------------------------------------------------------------- folders our generators write
+
+GENERATED_MARK = "generated_by_lra_data.txt"   # written first into every folder our generators fill
+
+
+def describe_folder(folder):
+    """One phrase saying what a folder holds, e.g. 'found 12,000 PNG files but no metadata/ in X'."""
+    files = [f.relative_to(folder).as_posix() for f in Path(folder).rglob("*") if f.is_file()]
+    pngs = sum(f.lower().endswith(".png") for f in files)
+    others = [f for f in files if not f.lower().endswith(".png")]
+    what = []
+    if pngs:
+        what.append(f"{pngs:,} PNG file{'s' * (pngs != 1)}")
+    if others:
+        what.append(f"{len(others):,} other file{'s' * (len(others) != 1)} ({', '.join(others[:3])}"
+                    f"{', ...' * (len(others) > 3)})")
+    no_metadata = " but no metadata/" if pngs and not (Path(folder) / "metadata").is_dir() else ""
+    return f"found {' and '.join(what) or 'no files'}{no_metadata} in {folder}"
+
+
+def check_output_folder(folder):
+    """Raise FileExistsError (one line) if folder holds a file but no GENERATED_MARK: then it is someone's data."""
+    folder = Path(folder)
+    if folder.is_dir() and not (folder / GENERATED_MARK).exists() and any(f.is_file() for f in folder.rglob("*")):
+        raise FileExistsError(f"{describe_folder(folder)}, which this repo's generators did not make (no "
+                              f"{GENERATED_MARK}); they never write into such a folder: generate into an empty one "
+                              f"instead (--data-dir <empty folder>)")
+
+
 def byte_ids(data: bytes, max_len):            # -> uint16 (≤ max_len,): byte b -> b + 4, then EOS
     ids = np.frombuffer(data[: max_len - 1], np.uint8).astype(np.uint16) + N_SPECIAL
     return np.append(ids, np.uint16(EOS))
