@@ -1,19 +1,24 @@
-"""denoise.py: the self pre-training (SPT) objectives of Amos, Berant & Gupta, "Never Train from Scratch"
-(ICLR 2024), §2, App. C, and two more from the pre-training literature.
+"""denoise.py: the self pre-training (SPT) objectives of Amos, Berant & Gupta, "Never Train from
+Scratch" (ICLR 2024), §2, App. C, and two more from the pre-training literature.
 masked: M_bt ~ Bernoulli(p) on content positions (>= 1 per row); x_in = x with M replaced;
         loss = mean over M of ℓ(head(h_bt), x_bt)
-span:   M = contiguous spans, |span| ~ Geometric clipped at max_span, until |M_b| = round(p·n_b)  (SpanBERT; T5)
-causal: x_in = x;  loss = mean over t < length-1 of ℓ(head(h_bt), x_b,t+1)   (next token; needs a causal model)
-RTD:    x̃ = x with M replaced by samples of a small masked-denoising generator; a discriminator tells x̃_t ≠ x_t
-        at every real t;  loss = L_gen + λ·L_disc, λ = 50  (ELECTRA, Clark et al. 2020; GDES: DeBERTaV3, He et al. 2023)
-ℓ = cross-entropy over the vocabulary (token ids) or over the 256 grey levels (Pathfinder/PathX), L1 on the
-normalised value (Image).
-Check: tests/test_denoise.py (masking rate, span lengths, pads never masked, causal targets shifted exactly once,
-RTD labels and gradient paths, the folded discriminator backbone).
-The objectives see tensors only: token ids (B, L) long, or pixel values (B, L) float, already normalised; targets are
-class ids (long: cross-entropy) or values (float: L1). Which task is which is heads.py's business; so are the heads.
+span:   M = contiguous spans, |span| ~ Geometric clipped at max_span, until |M_b| = round(p·n_b)
+        (SpanBERT; T5)
+causal: x_in = x;  loss = mean over t < length-1 of ℓ(head(h_bt), x_b,t+1)
+        (next token; needs a causal model)
+RTD:    x̃ = x with M replaced by samples of a small masked-denoising generator; a discriminator
+        tells x̃_t ≠ x_t at every real t;  loss = L_gen + λ·L_disc, λ = 50
+        (ELECTRA, Clark et al. 2020; GDES: DeBERTaV3, He et al. 2023)
+ℓ = cross-entropy over the vocabulary (token ids) or over the 256 grey levels (Pathfinder/PathX),
+L1 on the normalised value (Image).
+Check: tests/test_denoise.py (masking rate, span lengths, pads never masked, causal targets shifted
+exactly once, RTD labels and gradient paths, the folded discriminator backbone).
+The objectives see tensors only: token ids (B, L) long, or pixel values (B, L) float, already
+normalised; targets are class ids (long: cross-entropy) or values (float: L1). Which task is which
+is heads.py's business; so are the heads.
 """
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -22,23 +27,100 @@ import torch.nn.functional as F
 RTD_WEIGHT = 50.0        # λ, the discriminator's weight in L_gen + λ·L_disc (ELECTRA §3)
 
 
+class Batch(NamedTuple):
+    """One global batch on the device, as every DDP process sees it (each then computes its own
+    rows): what a model reads, what it is scored against and where. Made by an objective (below) or
+    heads.finetune_inputs."""
+    x: torch.Tensor                  # model input: (B, L) ids | (B, L, 2) pixels [value, indicator]
+                                     # | (B, 2, L) pairs
+    lengths: torch.Tensor | None     # (B,) or (B, 2) real lengths; None: nothing padded
+                                     # (fast attention, plain norms)
+    target: torch.Tensor             # (B,) labels, or (B, L) denoising targets
+                                     # (ids / grey levels long, values float)
+    weight: torch.Tensor             # (B,) or (B, L) float: 1 where the loss is taken, else 0
+    noise: torch.Tensor | None = None    # RTD: (B, L) uniform [0, 1), the generator's samples
+    disc_weight: float = RTD_WEIGHT      # RTD: λ in L_gen + λ·L_disc
+
+
+class Clean(NamedTuple):
+    """One batch of a task's clean inputs on the device: what an objective corrupts
+    (heads.clean_batch makes it)."""
+    value: torch.Tensor              # (B, L) long token ids, or float pixel values (normalised)
+    target: torch.Tensor             # (B, L) what to restore: ids / grey levels (long)
+                                     # or values (float, Image)
+    lengths: torch.Tensor            # (B,) long, real lengths
+    content: torch.Tensor            # (B,) long, the positions that may be masked: lengths,
+                                     # less a token task's EOS
+    padded: torch.Tensor | None      # lengths, or None when nothing is padded (the models' fast path)
+    mask_id: int                     # the <mask> token id
+                                     # (pixels: masked values become 0 and an indicator says so)
+
+
+# ---- the objectives: (clean batch, the run's settings, generator, progress in [0, 1]) -> Batch ----
+# train.py's OBJECTIVES declares each one with its flags; each reads its own flags from `args`.
+# `gen` draws every random number on the device, for the whole global batch, so DDP processes mask
+# as one process would. `progress` (step / steps of the phase) lets an objective follow a schedule;
+# these four keep theirs constant.
+
+def masked(clean, args, gen, progress):
+    """Masked denoising, the paper's objective (§2): each content position masked i.i.d. with
+    p = args.mask_ratio, at least one per row, never a pad or the EOS; the loss counts the masked
+    positions only."""
+    mask = sample_mask(clean.content, clean.value.size(1), args.mask_ratio, gen)  # (B, L) bool
+    return Batch(mask_input(clean.value, mask, clean.mask_id), clean.padded, clean.target,
+                 mask.float())
+
+
+def span(clean, args, gen, progress):
+    """Span masking (SpanBERT): contiguous spans of mean length args.span_mean up to the share
+    args.mask_ratio."""
+    # (B, L) bool
+    mask = span_mask(clean.content, clean.value.size(1), args.mask_ratio, gen, args.span_mean)
+    return Batch(mask_input(clean.value, mask, clean.mask_id), clean.padded, clean.target,
+                 mask.float())
+
+
+def causal(clean, args, gen, progress):
+    """Next-token prediction: the input unchanged, the target shifted by one (a causal model is
+    required)."""
+    target, mask = next_token(clean.target, clean.lengths)                   # (B, L) each
+    x = mask_input(clean.value, torch.zeros_like(mask), clean.mask_id)     # pixels: (B, L, 2), indicator 0
+    return Batch(x, clean.padded, target, mask.float())
+
+
+def rtd(clean, args, gen, progress):
+    """Replaced-token detection (ELECTRA): masked as `masked`, plus the uniform noise the generator
+    samples with and λ = args.rtd_weight; the model is ReplacedTokenDetection (generator
+    args.gen_width × args.gen_layers)."""
+    mask = sample_mask(clean.content, clean.value.size(1), args.mask_ratio, gen)  # (B, L) bool
+    noise = torch.rand(mask.shape, generator=gen, device=mask.device)            # (B, L)
+    x = mask_input(clean.value, mask, clean.mask_id)
+    return Batch(x, clean.padded, clean.target, mask.float(), noise, args.rtd_weight)
+
+
+
 def sample_mask(lengths, L, ratio, gen):
-    """Positions to mask: each content position t < lengths[b] i.i.d. with probability `ratio`, never a pad (nor
-    the EOS token, which the caller leaves out of `lengths`), at least one per sequence with lengths > 0 (else that
-    row adds nothing to learn from). lengths: (B,) long -> (B, L) bool. The random numbers are drawn on lengths'
-    device from `gen` (a generator of that device), with no value read back to the host."""
+    """Positions to mask: each content position t < lengths[b] i.i.d. with probability `ratio`,
+    never a pad (nor the EOS token, which the caller leaves out of `lengths`), at least one per
+    sequence with lengths > 0 (else that row adds nothing to learn from). lengths: (B,) long
+    -> (B, L) bool. The random numbers are drawn on lengths' device from `gen` (a generator of that
+    device), with no value read back to the host."""
     B, device = lengths.numel(), lengths.device
     pos = torch.arange(L, device=device)[None, :]                                 # (1, L)
-    mask = (torch.rand(B, L, generator=gen, device=device) < ratio) & (pos < lengths[:, None])   # (B, L)
-    pick = (torch.rand(B, generator=gen, device=device) * lengths).long()          # (B,) one uniform content position
+    # (B, L)
+    mask = (torch.rand(B, L, generator=gen, device=device) < ratio) & (pos < lengths[:, None])
+    # (B,) one uniform content position
+    pick = (torch.rand(B, generator=gen, device=device) * lengths).long()
     empty = ~mask.any(1) & (lengths > 0)                                          # (B,)
     return mask | (empty[:, None] & (pos == pick[:, None]))                       # (B, L)
 
 
 def span_length_q(mean_span, max_span):
-    """q of the span-length law P(ℓ > k) = q^k for k < max_span (a geometric clipped at max_span, as in SpanBERT),
-    chosen so that E ℓ = Σ_{k<max_span} q^k = mean_span exactly (bisection; E ℓ grows with q from 1 to max_span)."""
-    assert 1 <= mean_span <= max_span, f"mean_span={mean_span} must lie in [1, max_span={max_span}]"
+    """q of the span-length law P(ℓ > k) = q^k for k < max_span (a geometric clipped at max_span, as
+    in SpanBERT), chosen so that E ℓ = Σ_{k<max_span} q^k = mean_span exactly (bisection; E ℓ grows
+    with q from 1 to max_span)."""
+    assert 1 <= mean_span <= max_span, (
+        f"mean_span={mean_span} must lie in [1, max_span={max_span}]")
     lo, hi = 0.0, 1.0
     for _ in range(60):
         q = (lo + hi) / 2
@@ -47,80 +129,89 @@ def span_length_q(mean_span, max_span):
 
 
 def span_mask(lengths, L, ratio, gen, mean_span=3.0, max_span=10):
-    """Span masking (SpanBERT, Joshi et al. 2020; placement as T5's random_spans_noise_mask, Raffel et al. 2020):
-    row b masks exactly n_b = clamp(round(ratio·lengths[b]), 1, lengths[b]) content positions t < lengths[b] (never a
-    pad, nor the EOS the caller leaves out of lengths; >= 1 when lengths[b] > 0), as contiguous spans of lengths
-    ℓ_k ~ P(ℓ > k) = q^k, ℓ <= max_span, E ℓ = mean_span (span_length_q), drawn until Σ ℓ_k reaches n_b (the last one
-    cut to fit). The K_b spans keep their order; the lengths[b] − n_b unmasked positions are spread around them as
-    K_b + 1 gaps, the inner ones >= 1 (so no two spans touch and every masked run is one span), chosen uniformly by
-    stars and bars (K_b bars among free_b + K_b slots). Only when a row has fewer unmasked positions than inner gaps
-    (ratio near 1) may spans touch. Pixels: the same along the raster order. lengths: (B,) long -> (B, L) bool.
-    Random numbers come from `gen` on lengths' device; no value is read back to the host (fine inside a GPU step)."""
+    """Span masking (SpanBERT, Joshi et al. 2020; placement as T5's random_spans_noise_mask, Raffel
+    et al. 2020): row b masks exactly n_b = clamp(round(ratio·lengths[b]), 1, lengths[b]) content
+    positions t < lengths[b] (never a pad, nor the EOS the caller leaves out of lengths; >= 1 when
+    lengths[b] > 0), as contiguous spans of lengths ℓ_k ~ P(ℓ > k) = q^k, ℓ <= max_span,
+    E ℓ = mean_span (span_length_q), drawn until Σ ℓ_k reaches n_b (the last one cut to fit). The
+    K_b spans keep their order; the lengths[b] − n_b unmasked positions are spread around them as
+    K_b + 1 gaps, the inner ones >= 1 (so no two spans touch and every masked run is one span),
+    chosen uniformly by stars and bars (K_b bars among free_b + K_b slots). Only when a row has
+    fewer unmasked positions than inner gaps (ratio near 1) may spans touch. Pixels: the same along
+    the raster order. lengths: (B,) long -> (B, L) bool. Random numbers come from `gen` on lengths'
+    device; no value is read back to the host (fine inside a GPU step)."""
     B, device = lengths.numel(), lengths.device
-    S = max(1, min(L, math.ceil(ratio * L) + 1))                                   # spans drawn per row: >= any n_b
-    n = torch.minimum(torch.round(ratio * lengths).long().clamp(min=1), lengths)   # (B,) masked budget
-    thresholds = span_length_q(mean_span, max_span) ** torch.arange(1, max_span, device=device)    # (max_span − 1,)
-    u = torch.rand(B, S, generator=gen, device=device)                             # (B, S)
-    ell = 1 + (u[..., None] < thresholds).sum(-1)                                  # (B, S) ℓ = 1 + #{k: U < q^k}
-    before = ell.cumsum(1) - ell                                                   # (B, S) masked before span k
-    ell = torch.minimum(ell, (n[:, None] - before).clamp(min=0))                   # (B, S) the prefix that fits n_b
-    K = (ell > 0).sum(1)                                                           # (B,) spans used
-    inner = (K - 1).clamp(min=0)                                                   # (B,) gaps between two spans
-    gap = (lengths - n >= inner).long()                                            # (B,) 1: spans never touch
-    free = lengths - n - gap * inner                                               # (B,) unmasked cells to spread
-    slot = torch.arange(L, device=device)                                          # (L,)
-    keys = torch.rand(B, L, generator=gen, device=device).masked_fill(slot >= (free + K)[:, None], 2.0)   # (B, L)
-    k = torch.arange(S, device=device)                                             # (S,)
-    bars = keys.argsort(dim=1, stable=True)[:, :S].masked_fill(k >= K[:, None], L).sort(1).values   # (B, S) first K
-    start = bars - k + before + gap[:, None] * k              # (B, S) free cells before bar k + spans + inner gaps
-    ends = torch.cat([start, start + ell], 1).clamp(0, L)                          # (B, 2S); unused spans: ℓ = 0
-    step = torch.cat([torch.ones_like(start), -torch.ones_like(start)], 1)         # (B, 2S) +1 at a start, −1 at an end
-    edges = torch.zeros(B, L + 1, dtype=torch.long, device=device).scatter_add_(1, ends, step)   # (B, L + 1)
-    return edges.cumsum(1)[:, :L] > 0                                              # (B, L)
+    S = max(1, min(L, math.ceil(ratio * L) + 1))                   # spans drawn per row: >= any n_b
+    # (B,) masked budget
+    n = torch.minimum(torch.round(ratio * lengths).long().clamp(min=1), lengths)
+    # (max_span − 1,)
+    thresholds = span_length_q(mean_span, max_span) ** torch.arange(1, max_span, device=device)
+    u = torch.rand(B, S, generator=gen, device=device)             # (B, S)
+    ell = 1 + (u[..., None] < thresholds).sum(-1)                  # (B, S) ℓ = 1 + #{k: U < q^k}
+    before = ell.cumsum(1) - ell                                   # (B, S) masked before span k
+    ell = torch.minimum(ell, (n[:, None] - before).clamp(min=0))   # (B, S) the prefix that fits n_b
+    K = (ell > 0).sum(1)                                           # (B,) spans used
+    inner = (K - 1).clamp(min=0)                                   # (B,) gaps between two spans
+    gap = (lengths - n >= inner).long()                            # (B,) 1: spans never touch
+    free = lengths - n - gap * inner                               # (B,) unmasked cells to spread
+    slot = torch.arange(L, device=device)                          # (L,)
+    keys = (torch.rand(B, L, generator=gen, device=device)         # (B, L)
+            .masked_fill(slot >= (free + K)[:, None], 2.0))
+    k = torch.arange(S, device=device)                             # (S,)
+    # (B, S) first K
+    bars = keys.argsort(dim=1, stable=True)[:, :S].masked_fill(k >= K[:, None], L).sort(1).values
+    # (B, S) free cells before bar k + spans + inner gaps
+    start = bars - k + before + gap[:, None] * k
+    ends = torch.cat([start, start + ell], 1).clamp(0, L)          # (B, 2S); unused spans: ℓ = 0
+    # (B, 2S) +1 at a start, −1 at an end
+    step = torch.cat([torch.ones_like(start), -torch.ones_like(start)], 1)
+    # (B, L + 1)
+    edges = torch.zeros(B, L + 1, dtype=torch.long, device=device).scatter_add_(1, ends, step)
+    return edges.cumsum(1)[:, :L] > 0                              # (B, L)
 
 
 def mask_input(x, mask, mask_id=None):
     """What the backbone reads (BERT-style masking, no 80/10/10 replacement; paper App. C).
     x: (B, L) long token ids -> (B, L) long with the masked ids replaced by `mask_id`;
-    x: (B, L) float pixel values -> (B, L, 2) float = [value, 0 where masked; mask indicator]. Pixel models always
-    read the indicator channel (all zeros when mask is all False, i.e. when fine-tuning), so the encoder of the
-    pre-trained and of the fine-tuned model has one shape. mask: (B, L) bool."""
+    x: (B, L) float pixel values -> (B, L, 2) float = [value, 0 where masked; mask indicator].
+    Pixel models always read the indicator channel (all zeros when mask is all False, i.e. when
+    fine-tuning), so the encoder of the pre-trained and of the fine-tuned model has one shape.
+    mask: (B, L) bool."""
     if not x.is_floating_point():
         return x.masked_fill(mask, mask_id)                                       # (B, L)
     return torch.stack([x.masked_fill(mask, 0.0), mask.to(x.dtype)], -1)         # (B, L, 2)
 
 
 def next_token(target, lengths):
-    """Causal denoising: the target at t is target[t+1] (shifted exactly once here; the model must not shift again).
-    The last real position has no next token and is ignored, as are pads. target: (B, L), lengths: (B,)
-    -> (shifted target (B, L), mask (B, L) bool): the loss is taken where mask is True."""
+    """Causal denoising: the target at t is target[t+1] (shifted exactly once here; the model must
+    not shift again). The last real position has no next token and is ignored, as are pads.
+    target: (B, L), lengths: (B,) -> (shifted target (B, L), mask (B, L) bool): the loss is taken
+    where mask is True."""
     L = target.size(1)
-    shifted = target.roll(-1, dims=1)                     # (B, L); shifted[:, t] = target[:, t+1], last column wraps
-    mask = torch.arange(L, device=target.device)[None, :] < (lengths.to(target.device) - 1)[:, None]   # wrap unused
+    # (B, L); shifted[:, t] = target[:, t+1], last column wraps
+    shifted = target.roll(-1, dims=1)
+    # wrap unused
+    mask = torch.arange(L, device=target.device)[None, :] < (lengths.to(target.device) - 1)[:, None]
     return shifted, mask
 
 
 def losses(pred, target):
-    """Denoising (or classification) loss at each position, unreduced: cross-entropy for integer targets (classes,
-    ids, grey levels), L1 for float targets (normalised pixels). pred: (..., V) logits or (..., 1) values;
-    target: (...) -> (...) float32. The caller weights and sums (heads.batch_loss: mask / global count)."""
+    """Denoising (or classification) loss at each position, unreduced: cross-entropy for integer
+    targets (classes, ids, grey levels), L1 for float targets (normalised pixels).
+    pred: (..., V) logits or (..., 1) values; target: (...) -> (...) float32. The caller weights and
+    sums (heads.batch_loss: Σ weight·ℓ / the global count)."""
     if target.is_floating_point():
         return (pred.float().squeeze(-1) - target).abs()
-    return F.cross_entropy(pred.float().flatten(0, -2), target.flatten(), reduction="none").view(target.shape)
+    return F.cross_entropy(pred.float().flatten(0, -2), target.flatten(),
+                           reduction="none").view(target.shape)
 
 
-def loss(pred, target, weight=None):
-    """Mean of `losses` over the positions where weight (same shape as target) is 1, or over all of them."""
-    per = losses(pred, target)
-    return per.mean() if weight is None else (per * weight).sum() / weight.sum().clamp(min=1)
-
-
-# ---- replaced-token detection (ELECTRA, Clark et al. 2020; GDES, DeBERTaV3, He et al. 2023) -----------------------
+# ---- replaced-token detection (ELECTRA, Clark et al. 2020; GDES, DeBERTaV3, He et al. 2023) ------
 
 class ProjectedEmbedding(nn.Module):
-    """The generator's encoder under embedding sharing: one table E (V, D) at the discriminator's width, read by the
-    narrower generator through Linear(D -> D_gen) (ELECTRA §3.2; no bias, so the padding row stays 0).
-    x: (B, L) long -> (B, L, D_gen)."""
+    """The generator's encoder under embedding sharing: one table E (V, D) at the discriminator's
+    width, read by the narrower generator through Linear(D -> D_gen) (ELECTRA §3.2; no bias, so the
+    padding row stays 0). x: (B, L) long -> (B, L, D_gen)."""
 
     def __init__(self, table, d_gen):
         super().__init__()
@@ -132,9 +223,9 @@ class ProjectedEmbedding(nn.Module):
 
 class GDESEmbedding(nn.Module):
     """The discriminator's encoder under gradient-disentangled embedding sharing (DeBERTaV3 §3):
-    E_D = sg(E) + E_Δ with E_Δ (V, D) zero at init, so only the generator's loss moves E and E_Δ carries the
-    discriminator's part; fine-tuning reads the folded table E + E_Δ (discriminator_backbone).
-    x: (B, L) long -> (B, L, D)."""
+    E_D = sg(E) + E_Δ with E_Δ (V, D) zero at init, so only the generator's loss moves E and E_Δ
+    carries the discriminator's part; fine-tuning reads the folded table E + E_Δ
+    (discriminator_backbone). x: (B, L) long -> (B, L, D)."""
 
     def __init__(self, table):
         super().__init__()
@@ -147,12 +238,13 @@ class GDESEmbedding(nn.Module):
 
 
 def sample_replacements(logits, original, mask, u):
-    """The generator's samples at the masked positions, temperature 1, by inverse CDF of one given uniform u per
-    position (so the whole global batch is sampled as one process would, and deterministically): x̃_t = the first id
-    whose cumulative probability exceeds u_t where mask, else x_t. No gradient flows through the sample.
+    """The generator's samples at the masked positions, temperature 1, by inverse CDF of one given
+    uniform u per position (so the whole global batch is sampled as one process would, and
+    deterministically): x̃_t = the first id whose cumulative probability exceeds u_t where mask,
+    else x_t. No gradient flows through the sample.
     logits: (B, L, V); original: (B, L) long; mask: (B, L) bool; u: (B, L) float in [0, 1)
-    -> (replaced (B, L) long, labels (B, L) float: 1 where replaced ≠ original, so a sampled original counts as
-    original)."""
+    -> (replaced (B, L) long, labels (B, L) float: 1 where replaced ≠ original, so a sampled
+    original counts as original)."""
     cdf = logits.detach().float().softmax(-1).cumsum(-1)                          # (B, L, V)
     cdf = cdf / cdf[..., -1:]                                                     # last exactly 1 > u: an id exists
     sample = (cdf <= u[..., None].to(cdf.dtype)).sum(-1)                          # (B, L) long; never a p = 0 id
@@ -161,75 +253,89 @@ def sample_replacements(logits, original, mask, u):
 
 
 class ReplacedTokenDetection(nn.Module):
-    """ELECTRA pre-training of `backbone` (the discriminator, width D = d_model, the one fine-tuned later) with a
-    small `generator` of the same family (width D_gen = d_gen ≈ D/4..D/2, 1-2 layers; its own `encoder` is replaced).
-    Both map (x, lengths) -> (B, L, width). G reads the masked input and is trained by masked denoising; its samples
-    replace the masked positions; the discriminator reads the result and tells, at every real position, replaced (1)
-    from original (0): L_gen = mean_{t ∈ M} CE(G(x_masked)_t, x_t),  L_disc = mean_{t real} BCE(D(x̃)_t, 1[x̃_t ≠ x_t]).
-    tokens=True: ids, n_out = V; one table E (V, D) = the backbone's encoder, shared: gdes=False (ELECTRA) the
-    discriminator reads E itself; gdes=True (DeBERTaV3) it reads sg(E) + E_Δ. exclude_ids: ids never sampled (e.g.
-    PAD and MASK, so x̃ holds no mask id). tokens=False: grey levels, n_out = 256, no sharing (each keeps its
-    Linear(2, width)); `levels` (256,) float = the normalised value of each level, exactly as the fine-tuned model
-    reads it; the discriminator reads [levels[x̃], 0] (B, L, 2), the fine-tuning input shape.
-    forward(x_masked, lengths, original, mask, u) -> (gen_logits (B, L, n_out), disc_logits (B, L), labels (B, L) float)
-    with x_masked = mask_input(x, mask, mask_id) ((B, L) long or (B, L, 2) float), lengths (B,) long or None (no pads),
-    original (B, L) long (ids or levels 0..255), mask (B, L) bool, u (B, L) float uniform [0, 1). Losses: rtd_losses."""
+    """ELECTRA pre-training of `backbone` (the discriminator, width D = d_model, the one fine-tuned
+    later) with a small `generator` of the same family (width D_gen = d_gen ≈ D/4..D/2, 1-2 layers;
+    its own `encoder` is replaced). Both map (x, lengths) -> (B, L, width). G reads the masked input
+    and is trained by masked denoising; its samples replace the masked positions; the discriminator
+    reads the result and tells, at every real position, replaced (1) from original (0):
+    L_gen = mean_{t ∈ M} CE(G(x_masked)_t, x_t),  L_disc = mean_{t real} BCE(D(x̃)_t, 1[x̃_t ≠ x_t]).
+    tokens=True: ids, n_out = V; one table E (V, D) = the backbone's encoder, shared: gdes=False
+    (ELECTRA) the discriminator reads E itself; gdes=True (DeBERTaV3) it reads sg(E) + E_Δ.
+    exclude_ids: ids never sampled (e.g. PAD and MASK, so x̃ holds no mask id). tokens=False: grey
+    levels, n_out = 256, no sharing (each keeps its Linear(2, width)); `levels` (256,) float = the
+    normalised value of each level, exactly as the fine-tuned model reads it; the discriminator
+    reads [levels[x̃], 0] (B, L, 2), the fine-tuning input shape.
+    forward(x_masked, lengths, original, mask, u)
+    -> (gen_logits (B, L, n_out), disc_logits (B, L), labels (B, L) float)
+    with x_masked = mask_input(x, mask, mask_id) ((B, L) long or (B, L, 2) float), lengths (B,)
+    long or None (no pads), original (B, L) long (ids or levels 0..255), mask (B, L) bool,
+    u (B, L) float uniform [0, 1). Losses: rtd_losses."""
 
-    def __init__(self, backbone, generator, d_model, d_gen, n_out, tokens, gdes=True, levels=None, exclude_ids=()):
+    def __init__(self, backbone, generator, d_model, d_gen, n_out, tokens, gdes=True, levels=None,
+                 exclude_ids=()):
         super().__init__()
-        assert n_out > 1, "RTD samples from a distribution over n_out > 1 classes (Image's L1 values have none)"
+        assert n_out > 1, (
+            "RTD samples from a distribution over n_out > 1 classes (Image's L1 values have none)")
         if tokens:
             table = backbone.encoder                             # E: (V, D), the discriminator's own init
-            assert isinstance(table, nn.Embedding) and table.weight.shape == (n_out, d_model), "need Embedding(V, D)"
+            assert isinstance(table, nn.Embedding) and table.weight.shape == (n_out, d_model), (
+                "need Embedding(V, D)")
             generator.encoder = ProjectedEmbedding(table, d_gen)
             if gdes:
                 backbone.encoder = GDESEmbedding(table)
         else:
-            assert levels is not None and levels.shape == (n_out,) and levels.is_floating_point(), \
-                "levels: (256,) float"
+            assert levels is not None and levels.shape == (n_out,) and levels.is_floating_point(), (
+                "levels: (256,) float")
         self.backbone, self.generator, self.tokens = backbone, generator, tokens
         self.gen_head = nn.Linear(d_gen, n_out)
         self.disc_head = nn.Linear(d_model, 1)
         self.register_buffer("levels", None if tokens else levels, persistent=False)
-        never = torch.zeros(n_out).index_fill_(0, torch.tensor(exclude_ids, dtype=torch.long), -math.inf)   # (n_out,)
+        # (n_out,)
+        never = torch.zeros(n_out).index_fill_(0, torch.tensor(exclude_ids, dtype=torch.long),
+                                               -math.inf)
         self.register_buffer("sample_bias", never, persistent=False)
 
     def corrupted_input(self, replaced):
         """What the discriminator reads: ids as they are, or pixels as [levels[x̃], 0] (B, L, 2)."""
         if self.tokens:
             return replaced                                                       # (B, L)
-        return mask_input(self.levels[replaced], torch.zeros_like(replaced, dtype=torch.bool))   # (B, L, 2)
+        # (B, L, 2)
+        return mask_input(self.levels[replaced], torch.zeros_like(replaced, dtype=torch.bool))
 
     def forward(self, x_masked, lengths, original, mask, u):
-        gen_logits = self.gen_head(self.generator(x_masked, lengths))             # (B, L, D_gen) -> (B, L, n_out)
-        replaced, labels = sample_replacements(gen_logits + self.sample_bias, original, mask, u)   # (B, L) each
-        disc_logits = self.disc_head(self.backbone(self.corrupted_input(replaced), lengths))     # (B, L, 1)
-        return gen_logits, disc_logits.squeeze(-1), labels                        # (B, L, n_out), (B, L), (B, L)
+        # (B, L, D_gen) -> (B, L, n_out)
+        gen_logits = self.gen_head(self.generator(x_masked, lengths))
+        # (B, L) each
+        replaced, labels = sample_replacements(gen_logits + self.sample_bias, original, mask, u)
+        # (B, L, 1)
+        disc_logits = self.disc_head(self.backbone(self.corrupted_input(replaced), lengths))
+        # (B, L, n_out), (B, L), (B, L)
+        return gen_logits, disc_logits.squeeze(-1), labels
 
 
 def rtd_losses(gen_logits, disc_logits, labels, original, mask, real):
     """Unreduced RTD losses, so micro-batches and DDP processes can divide by the global counts:
-    gen (B, L) float32 = CE(gen_logits_t, original_t) where mask, else 0;  disc (B, L) float32 = BCE(disc_logits_t,
-    labels_t) where real, else 0. real: (B, L) bool, t < lengths[b] (EOS included, pads not; all True without pads).
-    L = gen.sum() / mask.sum() + λ · disc.sum() / real.sum()  (rtd_loss, with the counts of the whole batch)."""
+    gen (B, L) float32 = CE(gen_logits_t, original_t) where mask, else 0;
+    disc (B, L) float32 = BCE(disc_logits_t, labels_t) where real, else 0. real: (B, L) bool,
+    t < lengths[b] (EOS included, pads not; all True without pads).
+    L = gen.sum() / mask.sum() + λ · disc.sum() / real.sum(), with the counts of the whole global
+    batch (heads.batch_loss)."""
     gen = torch.where(mask, losses(gen_logits, original), 0.0)                   # (B, L)
-    bce = F.binary_cross_entropy_with_logits(disc_logits.float(), labels.float(), reduction="none")   # (B, L)
+    # (B, L)
+    bce = F.binary_cross_entropy_with_logits(disc_logits.float(), labels.float(), reduction="none")
     return gen, torch.where(real, bce, 0.0)
 
 
-def rtd_loss(gen_logits, disc_logits, labels, original, mask, real, disc_weight=RTD_WEIGHT):
-    """L_gen + λ·L_disc of one whole batch (a scalar): means over its masked and its real positions."""
-    gen, disc = rtd_losses(gen_logits, disc_logits, labels, original, mask, real)
-    return gen.sum() / mask.sum().clamp(min=1) + disc_weight * disc.sum() / real.sum().clamp(min=1)
-
-
 def discriminator_backbone(state):
-    """A ReplacedTokenDetection state_dict -> the plain keys of the discriminator's backbone ("backbone.<...>", as a
-    Classifier's backbone has them), for a strict load before fine-tuning; the generator and both heads are dropped.
-    GDES folds backbone.encoder.weight = E + E_Δ; ELECTRA's is E itself; pixels keep their Linear encoder as it is."""
-    out = {k: v for k, v in state.items() if k.startswith("backbone.") and not k.startswith("backbone.encoder.")}
+    """A ReplacedTokenDetection state_dict -> the plain keys of the discriminator's backbone
+    ("backbone.<...>", as a Classifier's backbone has them), for a strict load before fine-tuning;
+    the generator and both heads are dropped. GDES folds backbone.encoder.weight = E + E_Δ;
+    ELECTRA's is E itself; pixels keep their Linear encoder as it is."""
+    out = {k: v for k, v in state.items()
+           if k.startswith("backbone.") and not k.startswith("backbone.encoder.")}
     if "backbone.encoder.delta.weight" in state:                                  # GDES: E_D = E + E_Δ
-        out["backbone.encoder.weight"] = state["backbone.encoder.table.weight"] + state["backbone.encoder.delta.weight"]
+        out["backbone.encoder.weight"] = (state["backbone.encoder.table.weight"]
+                                          + state["backbone.encoder.delta.weight"])
     else:                                                                         # ELECTRA's E, or Linear(2, D)
         out.update({k: v for k, v in state.items() if k.startswith("backbone.encoder.")})
     return out

@@ -6,15 +6,12 @@ Inputs: token ids stay ids; pixels become [normalised value, mask indicator] (Am
 objectives themselves (masks, next-token targets) are denoise.py's; train.py runs the phases.
 Check: tests/test_train.py (pooling ignores pads, metrics add up, EOS never masked, checkpoints reload exactly).
 """
-from typing import NamedTuple
-
 import torch
 import torch.nn as nn
 
 import denoise
 import lra_data
-from presets import MODELS
-from runs import read_checkpoint
+from denoise import Batch
 
 
 # ---- heads: what the backbone's features are trained to predict ---------------------------------------------------
@@ -96,36 +93,30 @@ def model_input(x, task):
     return denoise.mask_input(value, torch.zeros(value.shape, dtype=torch.bool, device=x.device), lra_data.MASK)
 
 
-# ---- checkpoints: one plain dict each, rebuilt without the CLI ----------------------------------------------------
+# ---- models from a checkpoint's description, and the backbone they share ----------------------------------------
 
-def build_model(ck):
-    """Rebuild the model of a checkpoint dict without the CLI: a Classifier, a Denoiser, or ELECTRA's
-    ReplacedTokenDetection (discriminator = the backbone, generator from head["gen_config"]) around a backbone."""
-    Config, Model, _ = MODELS[ck["model_name"]]
-    backbone, head = Model(Config(**ck["config"])), ck["head"]
+def build_model(ck, entry):
+    """The model a checkpoint dict describes, around backbone = entry.build(entry.Config(**ck["config"])) (entry:
+    its train.MODELS entry): a Classifier, a Denoiser, or ELECTRA's ReplacedTokenDetection (discriminator = the
+    backbone, generator of the same family from head["gen_config"])."""
+    Config, build = entry.Config, entry.build
+    backbone, head = build(Config(**ck["config"])), ck["head"]
     if head["kind"] == "denoise":
         return Denoiser(backbone, ck["config"]["d_model"], head["n_out"])
     if head["kind"] == "rtd":
-        generator, tokens = Model(Config(**head["gen_config"])), lra_data.TASKS[ck["task"]].kind == "tokens"
-        levels = None if tokens else clean_input(torch.arange(256, dtype=torch.uint8)[None], ck["task"])[0][0].float()
+        generator, tokens = build(Config(**head["gen_config"])), lra_data.TASKS[ck["task"]].kind == "tokens"
+        levels = None if tokens else clean_input(torch.arange(256, dtype=torch.uint8)[None], ck["task"])[0][0]
         widths = ck["config"]["d_model"], head["gen_config"]["d_model"]
-        return denoise.ReplacedTokenDetection(backbone, generator, *widths, head["n_out"], tokens, head["gdes"], levels,
-                                              exclude_ids=(lra_data.PAD, lra_data.MASK) if tokens else ())
+        exclude = (lra_data.PAD, lra_data.MASK) if tokens else ()
+        return denoise.ReplacedTokenDetection(backbone, generator, *widths, head["n_out"], tokens, head["gdes"],
+                                              levels, exclude_ids=exclude)
     return Classifier(backbone, ck["config"]["d_model"], head["n_classes"], head["pool"], head["pair"])
-
-
-def load_model(path, device="cpu"):
-    """Load a checkpoint written by train.py: returns (model in eval mode, the checkpoint dict)."""
-    ck = read_checkpoint(path, device)
-    model = build_model(ck).to(device)
-    model.load_state_dict(ck["model"])
-    return model.eval(), ck
 
 
 def load_backbone(model, state):
     """Copy a checkpoint's backbone into a Classifier, strictly: the only keys allowed to differ are the checkpoint's
     own head (expected unexpected: denoise_head.* from SPT, or head.*) and our new head (expected missing: head.*).
-    Anything else, or a shape mismatch, raises: a pre-trained backbone must never be silently skipped."""
+    Anything else, or a shape mismatch, raises RuntimeError: a pre-trained backbone is never silently skipped."""
     old_head = sorted(k for k in state if not k.startswith("backbone."))
     new_head = sorted(k for k in model.state_dict() if not k.startswith("backbone."))
     result = model.load_state_dict({k: v for k, v in state.items() if k not in old_head}, strict=False)
@@ -135,31 +126,20 @@ def load_backbone(model, state):
     return old_head, new_head
 
 
-def read_checkpoint_for_init(path, model_name, task, config, device):
-    """Read a checkpoint whose backbone is to be fine-tuned; ValueError (one line) if it cannot serve this run."""
-    ck = read_checkpoint(path, device)
+def check_init_checkpoint(ck, model_name, task, config):
+    """ValueError (one line) unless checkpoint dict ck has a backbone this run (model_name on task, backbone config
+    dict `config`) can fine-tune: same model, task and every config field that shapes the weights."""
     if (ck["model_name"], ck["task"]) != (model_name, task):
-        raise ValueError(f"{path}: a {ck['model_name']} checkpoint for {ck['task']}, but this run is "
-                         f"{model_name} on {task}; pass the --model and --task it was made with")
+        raise ValueError(f"a {ck['model_name']} checkpoint for {ck['task']}, but this run is {model_name} on "
+                         f"{task}; pass the --model and --task it was made with")
     init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}          # may differ: not in the weights
     differ = [k for k in config if k not in init_only and ck["config"].get(k) != config[k]]
     if differ:
         theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ) for c in (ck["config"], config))
-        raise ValueError(f"{path}: its {theirs} differ from this run's {ours}; pass the model flags it was made with")
-    return ck
+        raise ValueError(f"its {theirs} differ from this run's {ours}; pass the model flags it was made with")
 
 
-# ---- one batch, its loss and metrics, one evaluation ---------------------------------------------------------------
-
-class Batch(NamedTuple):
-    """One global batch on the device, as every DDP process sees it (each then computes its own rows)."""
-    x: torch.Tensor                  # model input: (B, L) ids | (B, L, 2) pixels [value, indicator] | (B, 2, L) pairs
-    lengths: torch.Tensor | None     # (B,) or (B, 2) real lengths; None: nothing padded (fast attention, plain norms)
-    target: torch.Tensor             # (B,) labels, or (B, L) denoising targets (ids / grey levels long, values float)
-    weight: torch.Tensor             # (B,) or (B, L) float: 1 where the loss is taken, else 0
-    noise: torch.Tensor | None = None    # RTD: (B, L) uniform [0, 1), the generator's samples (denoise.py)
-    disc_weight: float = denoise.RTD_WEIGHT   # RTD: λ in L_gen + λ·L_disc
-
+# ---- one batch, its loss and metrics ------------------------------------------------------------------------------
 
 def to_device(x, lengths, device):
     """Move a collated batch once (non-blocking from pinned memory on CUDA); lengths -> None when nothing is padded,
@@ -169,67 +149,66 @@ def to_device(x, lengths, device):
     return x, lengths.to(device, non_blocking=True) if padded else None
 
 
-def finetune_inputs(batch, task, device, gen=None):
-    """A collated (x, lengths, labels) batch -> Batch of the classifier: every example counts once."""
+def finetune_inputs(batch, gen, progress, task, device):
+    """A collated (x, lengths, labels) batch -> Batch of the classifier: every example counts once (gen and progress,
+    which an SPT objective uses, are not needed)."""
     x, lengths, y = batch
     x, lengths_in = to_device(x, lengths, device)
     y = y.to(device, non_blocking=True)
     return Batch(model_input(x, task), lengths_in, y, torch.ones(y.shape, device=device))
 
 
-def spt_inputs(batch, task, device, gen, objective="masked", ratio=0.15, span_mean=3.0, rtd_weight=denoise.RTD_WEIGHT):
-    """A collated batch -> Batch of self pre-training (labels unused). Masks (i.i.d. for masked and rtd, spans for
-    span) are drawn on the device from `gen` for the whole global batch, so every DDP process masks as one process
-    would, never on a pad or on the EOS that ends every token sequence; causal: next-token targets. rtd also draws
-    the uniform noise its generator samples with. Retrieval: each document alone."""
+def clean_batch(batch, task, device):
+    """A collated batch -> denoise.Clean, what an SPT objective corrupts (labels unused): token ids, or normalised
+    pixel values with grey-level (Pathfinder) or value (Image) targets. Retrieval: each document alone."""
     x, lengths, _ = batch
     if lra_data.TASKS[task].pair:
         x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,)
-    x, lengths_in = to_device(x, lengths, device)
+    x, padded = to_device(x, lengths, device)
     lengths = lengths.to(device, non_blocking=True)
     value, target = clean_input(x, task)                                 # (B, L) each
-    if objective == "causal":
-        target, mask = denoise.next_token(target, lengths)               # (B, L) each
-        return Batch(denoise.mask_input(value, torch.zeros_like(mask), lra_data.MASK), lengths_in, target, mask.float())
     content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths   # EOS: the last real token
-    if objective == "span":
-        mask = denoise.span_mask(content, x.size(1), ratio, gen, span_mean)   # (B, L) bool
-    else:
-        mask = denoise.sample_mask(content, x.size(1), ratio, gen)       # (B, L) bool
-    noise = torch.rand(mask.shape, generator=gen, device=device) if objective == "rtd" else None   # (B, L)
-    return Batch(denoise.mask_input(value, mask, lra_data.MASK), lengths_in, target, mask.float(), noise, rtd_weight)
+    return denoise.Clean(value, target, lengths, content, padded, lra_data.MASK)
 
 
-def batch_loss(model, b, rows=slice(None), scale=1.0):
+def batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
     """Loss of the examples `rows` of the global batch b, summed and divided by the global batch's count (times
     `scale`: the number of DDP processes, whose gradients DDP averages), so that rows, micro-batches and processes
     add up to the global batch mean; and the rows' additive statistics (a dict of device tensors). Classifier:
     logits (b, C); Denoiser: predictions at every position (b, L, V), no boolean indexing (it would read the mask's
-    size back from the device)."""
+    size back from the device); RTD (b.noise set): L_gen + λ·L_disc, each over the global batch's masked / real
+    positions. The one loss of training, evaluation and the memory estimate (tools/memory.py). predictions: a list
+    that gets the rows' predicted classes (b,) long (the test keeps them, for paired tests of two runs)."""
     lengths = None if b.lengths is None else b.lengths[rows]
     if b.noise is not None:
-        return rtd_batch_loss(model, b, rows, scale)
+        return rtd_batch_loss(model, b, rows, lengths, scale)
     pred = model(b.x[rows], lengths)                                     # (b, C) or (b, L, V)
     target, weight = b.target[rows], b.weight[rows]                      # (b,) or (b, L)
     per = denoise.losses(pred, target)                                   # (b,) or (b, L) float32
+    if predictions is not None:
+        predictions.append(pred.detach().argmax(-1))                     # (b,)
     return (per * weight).sum() / b.weight.sum() * scale, statistics(pred.detach(), target, per.detach(), weight)
 
 
-def rtd_batch_loss(model, b, rows, scale):
-    """ELECTRA's L_gen + λ·L_disc for the rows of b (denoise.ReplacedTokenDetection), each mean over the global
-    batch's masked / real positions; statistics: the generator's and the discriminator's sums (and λ times it) and
-    the discriminator's accuracy over real positions."""
-    lengths = None if b.lengths is None else b.lengths[rows]
+def rtd_batch_loss(model, b, rows, lengths, scale):
+    """batch_loss of ReplacedTokenDetection; statistics: the generator's and discriminator's sums (and λ times the
+    latter) and the discriminator's accuracy over real positions."""
     mask, L = b.weight.bool(), b.weight.size(1)
     real = torch.ones_like(mask) if b.lengths is None else torch.arange(L, device=mask.device) < b.lengths[:, None]
-    gen_logits, disc_logits, labels = model(b.x[rows], lengths, b.target[rows], mask[rows], b.noise[rows])
-    gen, disc = denoise.rtd_losses(gen_logits, disc_logits, labels, b.target[rows], mask[rows], real[rows])  # (b, L)
-    weight = b.disc_weight
-    loss = (gen.sum() / mask.sum() + weight * disc.sum() / real.sum()) * scale
-    correct = ((disc_logits.detach() > 0) == labels.bool()) & real[rows]
-    return loss, {"n": real[rows].sum().double(), "loss_disc": disc.detach().sum().double(),
-                  "weighted_disc": weight * disc.detach().sum().double(), "correct": correct.sum().double(),
-                  "n_gen": mask[rows].sum().double(), "loss_gen": gen.detach().sum().double()}
+    mask, real = mask[rows], real[rows]
+    gen_logits, disc_logits, labels = model(b.x[rows], lengths, b.target[rows], mask, b.noise[rows])
+    gen, disc = denoise.rtd_losses(gen_logits, disc_logits, labels, b.target[rows], mask, real)   # (b, L) each
+    loss = (gen.sum() / b.weight.sum() + b.disc_weight * disc.sum() / real_count(b)) * scale
+    correct = ((disc_logits.detach() > 0) == labels.bool()) & real
+    disc = disc.detach().sum().double()
+    return loss, {"n": real.sum().double(), "loss_disc": disc, "weighted_disc": b.disc_weight * disc,
+                  "correct": correct.sum().double(), "n_gen": mask.sum().double(),
+                  "loss_gen": gen.detach().sum().double()}
+
+
+def real_count(b):
+    """Real positions of the global batch (all of them when nothing is padded)."""
+    return b.weight.numel() if b.lengths is None else b.lengths.sum()
 
 
 def statistics(pred, target, per, weight):

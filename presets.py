@@ -3,10 +3,11 @@ paper: model sizes and learning rates of Amos, Berant & Gupta (ICLR 2024): Table
        (Transformer fine-tuning / SPT learning rates), Table 5 (per-phase learning rates and batch sizes of S4 and
        DLR with SPT, and of DLR from scratch) and App. C.1.2 (PathX-256); S4 from scratch and the epochs, batch sizes
        and model sizes the tables leave out come from the authors' released configs and S4's LRA configs (Gu et al.,
-       ICLR 2022). `paper_values` names the source of every value; `python presets.py` prints them all
-       (results/paper_presets.md).
-tiny / small: CPU-sized runs of the real tasks (no toy task), our own choice.
-Explicit command-line flags always win over a preset (`apply_presets`, one merge, then `check_flags`).
+       ICLR 2022). Each model's function (transformer_paper, s4_paper, dlr_paper: train.MODELS names them) gives the
+       source of every value; `python presets.py` prints them all (results/paper_presets.md).
+tiny / small: CPU-sized runs of the real tasks (no toy task), our own choice (cpu_values).
+Explicit command-line flags always win over a preset (apply_presets, one merge); check_combinations holds the checks
+that involve several flags (each flag's own range is checked where train.py declares it).
 """
 import dataclasses
 import os
@@ -15,15 +16,6 @@ from pathlib import Path
 import torch
 
 import lra_data
-from dlr import DLR, DLRConfig, SSM_PARAMS as DLR_SSM_PARAMS
-from s4 import S4, S4Config, SSM_PARAMS as S4_SSM_PARAMS
-from transformer import Transformer, TransformerConfig, SSM_PARAMS as TRANSFORMER_SSM_PARAMS
-
-MODELS = {  # name -> (config class, backbone class, leaf names of parameters that get their own lr and no weight decay)
-    "transformer": (TransformerConfig, Transformer, TRANSFORMER_SSM_PARAMS),
-    "s4": (S4Config, S4, S4_SSM_PARAMS),
-    "dlr": (DLRConfig, DLR, DLR_SSM_PARAMS),
-}
 
 # ---- paper: model sizes ------------------------------------------------------------------------------------------
 
@@ -102,36 +94,68 @@ def ssm_row(model, task, spt, s4_batch):
     return (row if len(row) == 4 else (*row, *row)), source          # from scratch: SPT settings are unused
 
 
-def paper_values(model, task, spt):
-    """(values, sources) of `--preset paper` for one run: every setting it decides, and for each a short source."""
-    values, sources = dict(generate=PAPER_GENERATE.get(task), max_train=0, max_eval=0, dropout=0.0), {}
-    per_phase = ["lr", "batch_size", "pretrain_lr", "pretrain_batch_size"]
-    if model == "transformer":
-        epochs, pretrain_epochs, warmup = TRANSFORMER_CONFIG[task]
-        lr, pretrain_lr = TABLE4_TRANSFORMER_LR[task]
-        values.update(TRANSFORMER_SIZE[task], weight_decay=0.0, lr=lr, pretrain_lr=pretrain_lr,
-                      batch_size=50 if task == "image" else 32, pretrain_batch_size=32, epochs=epochs,
-                      pretrain_epochs=pretrain_epochs, warmup=warmup)
-        sources.update(dict.fromkeys(TRANSFORMER_SIZE[task], "paper Table 2 + authors' config"))
-        sources.update(dict.fromkeys(["batch_size", "pretrain_batch_size", "epochs", "pretrain_epochs", "warmup"],
-                                     "authors' Transformer config"))
-        sources.update(lr="paper Table 4", pretrain_lr="paper Table 4", weight_decay="paper §4 (none)")
-    else:
-        values.update(SSM_SIZE[task], d_state=64 if model == "s4" else 1024, weight_decay=0.05, **S4_CONFIG[task])
-        if model == "dlr":                                                  # "as S4 with LayerNorm" (paper §4)
-            values.update(norm="layer", prenorm=True)
-        sources.update(dict.fromkeys([*SSM_SIZE[task], "d_state", "weight_decay"], "paper §4 (S4's configs)"))
-        sources.update(epochs="S4's LRA config", warmup="ours (about 1 epoch)")
-        row, source = ssm_row(model, task, spt, values["batch_size"])
-        values.update(zip(per_phase, row))
-        sources.update(dict.fromkeys(per_phase, source))
-        values["pretrain_epochs"] = SPT_EPOCHS.get((model, task), values["epochs"])
-        sources["pretrain_epochs"] = "authors' S4 SPT config" if (model, task) in SPT_EPOCHS else "= fine-tuning epochs"
-    for phase, batch, accum in (("finetune", "batch_size", "accum_steps"), ("spt", "pretrain_batch_size",
-                                                                            "pretrain_accum_steps")):
+def per_phase_accum(values, model, task):
+    """accum_steps and pretrain_accum_steps: the micro-batches that make each phase's batch fit (MAX_MICRO_BATCH)."""
+    for phase, batch, accum in (("finetune", "batch_size", "accum_steps"),
+                                ("spt", "pretrain_batch_size", "pretrain_accum_steps")):
         values[accum] = -(-values[batch] // MAX_MICRO_BATCH.get((model, task, phase), values[batch]))
+    return values
+
+
+def transformer_paper(task, spt):
+    """(values, sources) of `--preset paper` for the Transformer on `task` (the same with or without SPT)."""
+    values = dict(generate=PAPER_GENERATE.get(task), max_train=0, max_eval=0, dropout=0.0)
+    epochs, pretrain_epochs, warmup = TRANSFORMER_CONFIG[task]
+    lr, pretrain_lr = TABLE4_TRANSFORMER_LR[task]
+    values.update(TRANSFORMER_SIZE[task], weight_decay=0.0, lr=lr, pretrain_lr=pretrain_lr,
+                  batch_size=50 if task == "image" else 32, pretrain_batch_size=32, epochs=epochs,
+                  pretrain_epochs=pretrain_epochs, warmup=warmup)
+    sources = dict.fromkeys(["generate", "max_train", "max_eval", "dropout"], "LRA's sizes, all data, no dropout")
+    sources.update(dict.fromkeys(TRANSFORMER_SIZE[task], "paper Table 2 + authors' config"))
+    sources.update(dict.fromkeys(["batch_size", "pretrain_batch_size", "epochs", "pretrain_epochs", "warmup"],
+                                 "authors' Transformer config"))
+    sources.update(lr="paper Table 4", pretrain_lr="paper Table 4", weight_decay="paper §4 (none)",
+                   accum_steps="ours (fits 80 GB)", pretrain_accum_steps="ours (fits 80 GB)")
+    return per_phase_accum(values, "transformer", task), sources
+
+
+def ssm_paper(model, task, spt):
+    """(values, sources) of `--preset paper` for S4 or DLR on `task`, with or without SPT."""
+    values = dict(generate=PAPER_GENERATE.get(task), max_train=0, max_eval=0, dropout=0.0)
+    values.update(SSM_SIZE[task], d_state=64 if model == "s4" else 1024, weight_decay=0.05, **S4_CONFIG[task])
+    if model == "dlr":                                                  # "as S4 with LayerNorm" (paper §4)
+        values.update(norm="layer", prenorm=True)
+    sources = dict.fromkeys(["generate", "max_train", "max_eval", "dropout"], "LRA's sizes, all data, no dropout")
+    sources.update(dict.fromkeys([*SSM_SIZE[task], "d_state", "weight_decay"], "paper §4 (S4's configs)"))
+    sources.update(batch_size="S4's LRA config", epochs="S4's LRA config", warmup="ours (about 1 epoch)")
+    per_phase = ["lr", "batch_size", "pretrain_lr", "pretrain_batch_size"]
+    row, source = ssm_row(model, task, spt, values["batch_size"])
+    values.update(zip(per_phase, row))
+    sources.update(dict.fromkeys(per_phase, source))
+    values["pretrain_epochs"] = SPT_EPOCHS.get((model, task), values["epochs"])
+    sources["pretrain_epochs"] = "authors' S4 SPT config" if (model, task) in SPT_EPOCHS else "= fine-tuning epochs"
     sources.update(accum_steps="ours (fits 80 GB)", pretrain_accum_steps="ours (fits 80 GB)")
-    return values, sources
+    return per_phase_accum(values, model, task), sources
+
+
+def s4_paper(task, spt):
+    """(values, sources) of `--preset paper` for S4."""
+    return ssm_paper("s4", task, spt)
+
+
+def dlr_paper(task, spt):
+    """(values, sources) of `--preset paper` for DLR (S4's where the paper gives no DLR number)."""
+    return ssm_paper("dlr", task, spt)
+
+
+def borrow(paper, name):
+    """Another model's paper values, for a model the paper never ran (a fork): the same (values, sources), each
+    source saying "borrowed from <name>" (train.py prints a note). Use as paper=presets.borrow(presets.dlr_paper,
+    "dlr") in its train.MODELS entry."""
+    def borrowed(task, spt):
+        values, sources = paper(task, spt)
+        return values, {k: f"borrowed from {name}: {v}" for k, v in sources.items()}
+    return borrowed
 
 
 # ---- tiny / small: CPU-sized runs ----------------------------------------------------------------------------------
@@ -159,11 +183,9 @@ CPU_SHARE = {("s4", "pathx"): 4, ("s4", "pathx256"): 4, ("transformer", "pathx")
              ("transformer", "listops"): 4, ("transformer", "text"): 4, ("transformer", "retrieval"): 4}
 
 
-def preset_values(preset, model, task, spt):
-    """Every setting the preset decides for (model, task): training flags and model-config fields. Flags given
-    explicitly on the command line override these (apply_presets)."""
-    if preset == "paper":
-        return paper_values(model, task, spt)[0]
+def cpu_values(preset, model, task):
+    """Every setting a CPU preset ("tiny", "small") decides for (model, task): training flags and model-config
+    fields. Flags given explicitly on the command line override these (apply_presets)."""
     epochs, batch, generate, max_train, max_eval = CPU_TASK[preset][task]
     share = CPU_SHARE.get((model, task), 1)
     batch = max(4, batch // share)
@@ -172,104 +194,82 @@ def preset_values(preset, model, task, spt):
             "accum_steps": 1, "pretrain_accum_steps": 1}           # SPT batch: --batch-size's (apply_presets)
 
 
-def model_config(model, task, values, causal=False):
-    """The backbone config of `model` for `task`: the fields of `values` (a preset's, plus explicit flags) that the
-    config class has, the input kind of the task (tokens: vocab_size; pixels: d_input = 2, value + mask indicator),
-    and causal (Transformer) / bidirectional (S4, DLR). Raises ValueError (from the config) for impossible values."""
-    Config, spec = MODELS[model][0], lra_data.TASKS[task]
+def model_config(Config, task, values, causal=False):
+    """The backbone config for `task`: the fields of `values` (a preset's, plus explicit flags) that the config class
+    Config has, the input kind of the task (tokens: vocab_size; pixels: d_input = 2, value + mask indicator), and
+    causal (Transformer) / bidirectional (S4, DLR). Raises ValueError (from the config) for impossible values."""
+    spec = lra_data.TASKS[task]
     kw = {**values, "vocab_size": spec.vocab_size if spec.kind == "tokens" else None,
           "d_input": 1 if spec.kind == "tokens" else 2, "causal": causal, "bidirectional": not causal}
     fields = {f.name for f in dataclasses.fields(Config)}
     return Config(**{k: v for k, v in kw.items() if k in fields})
 
 
-# ---- one merge of preset and flags, one check of every value -------------------------------------------------------
+# ---- one merge of preset and flags; the checks of several flags at once -------------------------------------------
 
-def apply_presets(args):
-    """Preset first, then explicit flags win, in one merge. Returns the model-config fields the preset decides
-    (n_heads, norm, dt_min, ...) and the notes to print about choices made here."""
+def preset_values(preset, name, entry, task, spt):
+    """Every setting `preset` decides for model `name` (entry: its train.MODELS entry) on `task`, with or without
+    SPT: training flags and model-config fields. Raises ValueError for --preset paper of a model without paper values."""
+    if preset != "paper":
+        return cpu_values(preset, name, task)
+    if entry.paper is None:
+        raise ValueError(f"--preset paper: the paper has no values for {name} (its MODELS entry says paper=None); "
+                         f"use --preset tiny or small, or borrow another model's: "
+                         f"paper=presets.borrow(presets.dlr_paper, \"dlr\")")
+    return entry.paper(task, spt)[0]
+
+
+def apply(args, entry):
+    """Merge the preset's values into args, in one place: an explicit flag (not None) wins; then the defaults that
+    follow from the task and the model (pooling, mask ratio, the RTD generator's width). entry: the model's
+    train.MODELS entry. Returns the model-config fields (of entry.Config) the preset or the flags decide, and the
+    notes to print. A paper batch is split into micro-batches of this process's rows (memory per process)."""
     args.preset = args.preset or ("paper" if torch.cuda.is_available() else "tiny")
+    fields = {f.name for f in dataclasses.fields(entry.Config)}
     config_kw, notes = {}, []
+    if args.preset == "paper" and entry.paper and "borrowed from" in str(entry.paper(args.task, args.spt)[1]):
+        notes.append(f"note: --preset paper: the paper has no {args.model} run; its values are borrowed "
+                     f"(python presets.py names each source)")
     accum_given = {k for k in ("accum_steps", "pretrain_accum_steps") if getattr(args, k) is not None}
-    for key, value in preset_values(args.preset, args.model, args.task, args.spt).items():
+    for key, value in preset_values(args.preset, args.model, entry, args.task, args.spt).items():
         if hasattr(args, key):
             setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
         else:
             config_kw[key] = value
-    for key in ("d_model", "n_layers", "d_state", "dropout", "ssm_lr"):
-        if getattr(args, key) is not None:
-            config_kw[key] = getattr(args, key)
-    task = lra_data.TASKS[args.task]
+    config_kw.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
     if args.pretrain_batch_size is None:                                  # CPU presets: one batch size
         args.pretrain_batch_size = args.batch_size
     world = int(os.environ.get("WORLD_SIZE", 1))                          # DDP: torchrun's processes
-    for phase, batch, accum in (("finetune", "batch_size", "accum_steps"), ("spt", "pretrain_batch_size",
-                                                                            "pretrain_accum_steps")):
+    for phase, batch, accum in (("finetune", "batch_size", "accum_steps"),
+                                ("spt", "pretrain_batch_size", "pretrain_accum_steps")):
         most = MAX_MICRO_BATCH.get((args.model, args.task, phase)) if args.preset == "paper" else None
         per_process = -(-getattr(args, batch) // world)                   # rows of a global batch per process
         if most and accum not in accum_given:      # memory per process: split this process's rows, not the card's
             setattr(args, accum, -(-per_process // most))
         if world > 1 and per_process <= 1 and (phase == "finetune" or args.spt):
             notes.append(f"note: --{batch.replace('_', '-')} {getattr(args, batch)} over {world} processes leaves "
-                         f"each process at most one example per step (its GPU mostly waits; BatchNorm normalises one example)")
+                         f"each process at most one example per step (its GPU mostly waits; BatchNorm normalises "
+                         f"one example)")
+    if args.causal and config_kw.get("norm") == "batch":   # BatchNorm over time would leak the future in training
+        config_kw["norm"] = "layer"
+        notes.append("note: causal model: LayerNorm instead of the preset's BatchNorm (whose statistics over the "
+                     "time axis would let earlier positions see later ones in training)")
+    task = lra_data.TASKS[args.task]
     args.pool = args.pool or task.pool
     args.mask_ratio = task.mask_ratio if args.mask_ratio is None else args.mask_ratio
     step = 2 * config_kw.get("n_heads", 1) if args.model == "transformer" else 1   # even heads (rotary pairs)
     if args.gen_width is None:                                            # rtd: ELECTRA's generator, 1/4 as wide
         args.gen_width = max(step, config_kw["d_model"] // 4 // step * step)
-    if args.causal and config_kw.get("norm") == "batch":   # BatchNorm over time would leak the future in training
-        config_kw["norm"] = "layer"
-        notes.append("note: causal model: LayerNorm instead of the preset's BatchNorm (whose statistics over the "
-                     "time axis would let earlier positions see later ones in training)")
     return config_kw, notes
 
 
-CHECKS = [  # (flag, rule, test): every training flag, checked once after the presets are applied (None = not set)
-    ("batch_size", "must be at least 1", lambda v: v >= 1),
-    ("pretrain_batch_size", "must be at least 1", lambda v: v >= 1),
-    ("accum_steps", "must be at least 1", lambda v: v >= 1),
-    ("pretrain_accum_steps", "must be at least 1", lambda v: v >= 1),
-    ("epochs", "must be at least 1", lambda v: v >= 1),
-    ("pretrain_epochs", "must be at least 1", lambda v: v >= 1),
-    ("eval_every", "must be at least 1 (epochs between evaluations)", lambda v: v >= 1),
-    ("max_steps", "must be 0 (no limit) or more", lambda v: v >= 0),
-    ("max_train", "must be 0 (all) or more", lambda v: v >= 0),
-    ("max_eval", "must be 0 (all) or more", lambda v: v >= 0),
-    ("lr", "must be > 0", lambda v: v > 0),
-    ("pretrain_lr", "must be > 0", lambda v: v > 0),
-    ("ssm_lr", "must be > 0", lambda v: v > 0),
-    ("weight_decay", "must be >= 0", lambda v: v >= 0),
-    ("warmup", "must be 0 or more steps", lambda v: v >= 0),
-    ("workers", "must be 0 or more", lambda v: v >= 0),
-    ("d_model", "must be at least 1", lambda v: v >= 1),
-    ("n_layers", "must be at least 1", lambda v: v >= 1),
-    ("d_state", "must be at least 1", lambda v: v >= 1),
-    ("dropout", "must be in [0, 1)", lambda v: 0 <= v < 1),
-    ("mask_ratio", "must be in (0, 1)", lambda v: 0 < v < 1),
-    ("data_fraction", "must be in (0, 1]", lambda v: 0 < v <= 1),
-    ("generate", "must be 0 (never) or at least 10", lambda v: v == 0 or v >= 10),
-    ("span_mean", "must be in [1, 10] (spans are clipped at 10)", lambda v: 1 <= v <= 10),
-    ("gen_width", "must be at least 1", lambda v: v >= 1),
-    ("gen_layers", "must be at least 1", lambda v: v >= 1),
-    ("rtd_weight", "must be > 0", lambda v: v > 0),
-]
-
-
-def check_flags(args, config_kw):
-    """One check of every flag before anything is written; returns the backbone config. Raises ValueError with
-    one line naming the flag (train.py prints it and exits with status 2)."""
-    for key, rule, ok in CHECKS:
-        value = getattr(args, key)
-        if value is not None and not ok(value):
-            raise ValueError(f"--{key.replace('_', '-')} {value} {rule}")
+def check(args, config_kw, entry, objective):
+    """The checks that involve several flags (or a flag and the disk), after the presets are applied; returns the
+    backbone config (entry: the model's train.MODELS entry, objective: the --objective's OBJECTIVES entry). Raises
+    ValueError with one line naming the flags (train.py prints it and exits with status 2)."""
     task = lra_data.TASKS[args.task]
-    if args.spt and args.objective == "causal" and not args.causal:
-        raise ValueError("--objective causal trains next-token prediction, which a bidirectional model solves by "
-                         "looking ahead: add --causal (causal Transformer / unidirectional SSM), or use another "
-                         "--objective")
-    if args.spt and args.objective == "rtd" and args.task == "image":
-        raise ValueError("--objective rtd samples replacements from a distribution, and Image's L1 targets (normalised "
-                         "values) have none: use --objective masked or span on image")
+    if args.spt and (why := objective.refuse(args)):
+        raise ValueError(why)
     if args.spt and args.init_from:
         raise ValueError("--init-from already supplies a pre-trained backbone: drop --spt (or --init-from)")
     if args.init_from and not args.resume and not Path(args.init_from).is_file():   # resume: last.pt has it all
@@ -283,41 +283,60 @@ def check_flags(args, config_kw):
     if args.data_dir != "data" and not Path(args.data_dir).is_dir():  # a typo must not silently generate data there
         raise ValueError(f"--data-dir {args.data_dir}: no such folder (synthetic tasks are generated only into an "
                          f"existing folder or the default ./data)")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file, not a folder: pass a folder for the run folders")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a file, not a folder: pass a folder for the run folders")
     try:
-        if args.spt and args.objective == "rtd":                         # the generator: same family, narrower
-            model_config(args.model, args.task, {**config_kw, "d_model": args.gen_width, "n_layers": args.gen_layers})
-        cfg = model_config(args.model, args.task, config_kw, args.causal)
+        if args.spt and objective.head == "rtd":                         # the generator: same family, narrower
+            model_config(entry.Config, args.task, {**config_kw, "d_model": args.gen_width,
+                                                   "n_layers": args.gen_layers})
+        return model_config(entry.Config, args.task, config_kw, args.causal)
     except ValueError as e:
         raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, --dropout, "
                          f"--gen-width, --gen-layers or the preset)") from None
-    return cfg
 
 
 # ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------------------------
 
-def paper_table():
-    """Markdown rows: every `--preset paper` value that differs by run (model, task, TFS / SPT), with its source."""
+def paper_table(models):
+    """Markdown rows: every `--preset paper` value that differs by run (model, task, TFS / SPT), with its source.
+    models: train.MODELS (the entries without paper values are left out)."""
     keys = ["lr", "pretrain_lr", "batch_size", "pretrain_batch_size", "accum_steps", "pretrain_accum_steps", "epochs",
             "pretrain_epochs", "warmup", "weight_decay"]
     rows = ["| model | task | run | " + " | ".join(keys) + " | sources |", "|---" * (len(keys) + 4) + "|"]
-    for model in MODELS:
+    for model, entry in models.items():
         for task in lra_data.TASKS:
-            for spt in ((False,) if model == "transformer" else (False, True)):
-                values, sources = paper_values(model, task, spt)
+            runs = [(False, "TFS and SPT")] if model == "transformer" else [(False, "TFS"), (True, "SPT")]
+            for spt, run in runs if entry.paper else []:
+                values, sources = entry.paper(task, spt)
                 by_source = {}                                         # source -> the keys it gave
                 for k in keys:
                     by_source.setdefault(sources[k], []).append(k)
                 cited = "; ".join(f"{source}: {', '.join(ks)}" for source, ks in by_source.items())
-                run = "TFS and SPT" if model == "transformer" else ("SPT" if spt else "TFS")
                 rows.append(f"| {model} | {task} | {run} | " + " | ".join(f"{values[k]:g}" for k in keys) +
                             f" | {cited} |")
     return rows
 
 
+def main(argv=None):
+    """python presets.py [--out FILE]: the paper-preset table, checked flags, one line on a bad one."""
+    import argparse
+    import sys
+
+    import train                                                         # MODELS: train.py declares them
+    p = argparse.ArgumentParser(description="Print every --preset paper value and its source (markdown).")
+    p.add_argument("--out", default=None, help="write the table here instead of printing it")
+    p.error = lambda m: (print(f"presets.py: error: {m}", file=sys.stderr), sys.exit(2))
+    args = p.parse_args(argv)
+    if args.out and Path(args.out).is_dir():
+        p.error(f"--out {args.out} is a folder: pass a file name, e.g. results/paper_presets.md")
+    text = "\n".join(["# `--preset paper`: every value and its source", "",
+                      "Written by `python presets.py --out results/paper_presets.md` (tests/test_paper_presets.py "
+                      "checks that it is current). Sizes: docs/presets.md.", "", *paper_table(train.MODELS)])
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+
+
 if __name__ == "__main__":
-    print("\n".join(["# `--preset paper`: every value and its source", "",
-                     "Written by `python presets.py > results/paper_presets.md` (tests/test_paper_presets.py checks "
-                     "that it is current). Sizes: README, \"Paper-preset model sizes\".", "", *paper_table()]))
+    main()

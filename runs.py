@@ -1,37 +1,44 @@
 """runs.py: a training run on disk and across processes, the plumbing under train.py.
 run folder:  runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/ with config.json, log.txt, log.jsonl, spt.pt, best.pt,
-             last.pt and results.json; checkpoints are plain dicts written atomically (temporary file, then rename)
+             last.pt, results.json; every file is written whole or not at all (temporary file, then rename), and a
+             write that fails (a full disk, a quota, a read-only folder) stops the run in one line, exit 2
 resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stopped run continues exactly; a lock
-             keeps one writer per folder; a finished or damaged run is refused in one line
+             keeps one writer per folder; a finished, damaged or incompatible run is refused in one line
+stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line naming where, and the --resume command
 DDP:         every process reads the whole global batch and keeps its rows; sums of metrics are added over processes
 device:      --device checked, --precision decided once (bf16 / fp16 + scaler / tf32 / fp32), loaders that feed a GPU
-errors:      bad input ends in one line `train.py: error: ...` and exit status 2, never a traceback
-Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints, bad flags).
+Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints, faults, bad flags).
 """
 import argparse
 import contextlib
+import dataclasses
+import hashlib
 import json
 import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from functools import cache, partial
+from functools import cache
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-import lra_data
-from ssm import tf32_flag
 
 try:
     import fcntl                                                         # POSIX file locks; absent on Windows
 except ImportError:
     fcntl = None
 
+def rank():
+    """This process's rank under torchrun (0 without DDP): only rank 0 writes the run folder."""
+    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
 
-# ---- messages, locks ----------------------------------------------------------------------------------------------
+
+# ---- messages, flags ----------------------------------------------------------------------------------------------
 
 def fail(message):
     """Bad input: one line on stderr (from rank 0 only, under torchrun) and exit status 2, never a traceback."""
@@ -40,35 +47,139 @@ def fail(message):
     raise SystemExit(2)
 
 
-def log(run_dir, line, record=None):
-    """Print one line; rank 0 also appends it to run_dir/log.txt (and `record` to log.jsonl) once run_dir is set."""
+def flag_message(message):
+    """argparse's "argument --lr: 0.0 must be > 0" as "--lr 0.0 must be > 0"."""
+    return re.sub(r"^argument ([-\w/]+): ", r"\1 ", message)
+
+
+def number(kind, ok, rule):
+    """An argparse type: text -> kind, checked by ok(value), else the one-line "<value> <rule>"."""
+    def check(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{value:g} {rule}")
+        return value
+    return check
+
+
+def at_least(low):
+    """An argparse type: an integer ≥ low."""
+    return number(int, lambda v: v >= low, f"must be at least {low}")
+
+
+def in_range(low, high, open_low=False, open_high=False):
+    """An argparse type: a number in [low, high], ( or ) where open."""
+    ok = lambda v: (low < v if open_low else low <= v) and (v < high if open_high else v <= high)  # noqa: E731
+    return number(float, ok, f"must be in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
+                  if high != float("inf") else f"must be {'>' if open_low else '>='} {low:g}")
+
+
+def free_space(path):
+    """'12.3 GB free' on the file system that holds path (or its nearest existing parent)."""
+    probe = Path(path).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    return f"{shutil.disk_usage(probe).free / 1e9:.1f} GB free"
+
+
+def cannot_write(path, error):
+    """The one line for a write that failed: the path, why, the space left there."""
+    fail(f"cannot write {path} ({error.strerror or error}; {free_space(path)}): free some space or pass another "
+         f"--out / --cache-dir; the files written before are intact")
+
+
+def write_whole(path, write):
+    """write(tmp) fills a temporary file next to `path`, then it replaces path: a kill or a full disk mid-write leaves
+    the old file intact and no temporary behind. OSError (no space, quota, read-only) -> cannot_write."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as e:                                           # also Ctrl-C halfway through torch.save
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) or isinstance(getattr(e, "__cause__", None), OSError):
+            cannot_write(path, e if isinstance(e, OSError) else e.__cause__)
+        if isinstance(e, RuntimeError) and "write" in str(e).lower():   # torch's zip writer wraps the OSError
+            cannot_write(path, OSError(28, str(e).splitlines()[0]))
+        raise
+
+
+def log(folder, line, record=None):
+    """Print one line; rank 0 also appends it to folder/log.txt (and `record` to log.jsonl) once folder is set."""
     print(line, flush=True)
-    if run_dir is None or rank_and_world()[0] > 0:
+    if folder is None or rank() > 0:
         return
-    with open(run_dir / "log.txt", "a") as f:
-        f.write(line + "\n")
-    if record is not None:
-        with open(run_dir / "log.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+    for name, text in (("log.txt", line), ("log.jsonl", None if record is None else json.dumps(record))):
+        if text is not None:
+            try:
+                with open(folder / name, "a") as f:
+                    f.write(text + "\n")
+            except OSError as e:
+                cannot_write(folder / name, e)
+
+
+# ---- stops: Ctrl-C and SIGTERM ------------------------------------------------------------------------------------
+
+STOP = {"cause": "Ctrl-C"}
+
+
+def stop_on_sigterm():
+    """SIGTERM (a scheduler's time limit, `kill`) raises KeyboardInterrupt, so it stops a run as Ctrl-C does; left
+    alone when the caller (the GPU check) has a handler of its own."""
+    def stop(signum, frame):
+        STOP["cause"] = "SIGTERM"
+        raise KeyboardInterrupt
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, stop)
 
 
 @contextlib.contextmanager
-def file_lock(path):
-    """Wait for an exclusive lock on `path` (created if absent) and hold it for the block; the OS drops it when the
-    process dies, so a killed run never leaves a stale lock. Without fcntl (Windows) there is no lock."""
-    if fcntl is None:
+def stopping_at(where):
+    """A stop inside the block is re-raised naming `where` (a string, or a function giving it), unless a block
+    inside already named a place (the innermost place wins)."""
+    try:
         yield
-        return
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield
+    except KeyboardInterrupt as e:
+        if e.args:
+            raise
+        raise KeyboardInterrupt(where() if callable(where) else where) from None
 
+
+@contextlib.contextmanager
+def stopped_in(folder=None):
+    """A stop inside the block ends the process in one line: where, what last.pt holds, how to continue. folder
+    None: before the run folder exists (preparing the data)."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        where = e.args[0] if e.args else "the run"
+        if folder is None:
+            print(f"train.py: stopped by {STOP['cause']} at {where}; no run folder was made; a half-built cache "
+                  f"was removed, data being generated is kept half made: the same command completes it",
+                  file=sys.stderr)
+            raise SystemExit(130) from None
+        last = read_checkpoint(folder / "last.pt") if (folder / "last.pt").is_file() else None
+        saved = f"last.pt holds {last['phase']} epoch {last['epoch']}" if last else "no checkpoint yet"
+        then = (f"continue with: python train.py --resume {folder}" if last else
+                f"start the run again ({folder} holds no checkpoint: delete it)")
+        line = f"train.py: stopped by {STOP['cause']} at {where}; {saved}; {then}"
+        print(line, file=sys.stderr)
+        if rank() == 0:                                                  # the log says how the run ended, too
+            with contextlib.suppress(OSError), open(folder / "log.txt", "a") as f:
+                f.write(line + "\n")
+        raise SystemExit(130) from None
+
+
+# ---- locks, the commit, the machine -------------------------------------------------------------------------------
 
 def hold_lock(folder):
     """Lock run folder `folder` for this process (rank 0): an open file with an exclusive flock, released when it is
     closed or the process dies (never stale); or exit in one line if another train.py holds it. None without fcntl
     (Windows: no lock) or on ranks > 0."""
-    if fcntl is None or rank_and_world()[0] > 0 or int(os.environ.get("RANK", 0)) > 0:
+    if fcntl is None or rank() > 0:
         return None
     f = open(Path(folder) / ".lock", "a")
     try:
@@ -92,183 +203,140 @@ def git_commit():
     the run folders a study writes inside the repo, do not count), or 'unknown' outside git."""
     here = Path(__file__).resolve().parent
     try:
-        run = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True, timeout=5).stdout.strip()
+        run = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True,  # noqa: E731
+                                        timeout=5).stdout.strip()
         dirty = run("status", "--porcelain", "--untracked-files=no")
         return (run("rev-parse", "--short", "HEAD") or "unknown") + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 
-# ---- DDP: which rows of a batch are this process's, and sums over processes ----------------------------------------
-
-def rank_and_world():
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-
-
-def shard(n):
-    """(rows, keep): this process's contiguous share of a global batch of n examples (DDP; one process: all of it).
-    Every process reads the whole global batch, so batches and SPT masks are those of a 1-process run. A process left
-    without rows (a last batch smaller than the world) computes row 0 with keep=False, to join the all-reduce."""
-    rank, world = rank_and_world()
-    start = rank * (n // world) + min(rank, n % world)
-    stop = start + n // world + (rank < n % world)
-    return (slice(start, stop), True) if stop > start else (slice(0, 1), False)
+def machine(device):
+    """What a run's numbers depend on besides the code: the CPU model, the threads, the GPU's name on CUDA."""
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    out = dict(cpu=cpu, torch_threads=torch.get_num_threads(), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"))
+    if torch.device(device).type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
 
 
-def all_sum(total):
-    """Add up a dict of additive statistics (device tensors) over all DDP processes, on their device (gloo: CPU,
-    NCCL: CUDA), as one process would have them."""
-    if not dist.is_initialized():
-        return total
-    values = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in total.values()])
-    dist.all_reduce(values)
-    return dict(zip(total, values.unbind()))
+# ---- the state of a run and of a phase ----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Data:
+    splits: dict                    # "train", "val", "test" -> datasets
+    source: str                     # where the examples came from (read or generated)
+    notes: list                     # what reading them skipped, cut or found, one line each
+    seconds: float
 
 
-def setup_device(args):
-    """-> (device, world size): checks --device and that --out can be written (making --out itself); settles
-    --precision (printed, in config.json) and --workers. A global batch need not split evenly over the processes:
-    shard() gives some one row more, and batch_loss divides by the global count, so the gradient stays the mean."""
-    try:
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError:
-        fail(f"--device {args.device}: not a device; use cpu, cuda, cuda:1, ...")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        fail(f"--device {args.device}: no CUDA device is visible to PyTorch; use --device cpu")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        fail(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-    if device.type not in ("cpu", "cuda"):
-        fail(f"--device {args.device}: train.py runs on cpu or cuda")
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    args.precision = precision(args, device)[0]                          # resolved once, printed, in config.json
-    if args.workers is None:                                             # CUDA: loader processes keep the GPU fed
-        args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
-    if not args.resume and int(os.environ.get("RANK", 0)) == 0:   # known now, not after the data was prepared:
-        probe = Path(args.out).resolve()                         # try writing where the run folder will be made
-        while not probe.exists():
-            probe = probe.parent
-        try:
-            tempfile.TemporaryFile(dir=probe).close()
-        except OSError as e:
-            fail(f"--out {args.out}: cannot write there ({e.strerror}); pass a writable folder")
-    return device, world
+@dataclasses.dataclass
+class Run:
+    args: argparse.Namespace        # every setting, presets applied
+    device: torch.device
+    folder: Path                    # the run folder
+    meta: dict                      # the checkpoint's description of the model: model_name, task, config, head, args
+
+    def with_meta(self, **changes):
+        """The same run with meta entries changed (the SPT model's head; the fine-tuning phase's SPT results)."""
+        return dataclasses.replace(self, meta={**self.meta, **changes})
 
 
-def join_process_group(device, world):
-    """Under torchrun: one process per GPU (NCCL) or CPU process (gloo); only rank 0 prints. Returns the device."""
-    if world == 1:
-        return device
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    cuda = device.type == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
-    if dist.get_rank() > 0:                                              # only rank 0 prints, logs and saves
-        sys.stdout = open(os.devnull, "w")
-    return device
+# ---- what a run prints first and writes last ---------------------------------------------------------------------
 
-
-def precision(args, device):
-    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler or None).
-    Default: bf16 autocast on CUDA with compute capability ≥ 8, fp16 autocast with a gradient scaler on older GPUs
-    (V100, T4), fp32 on CPU. TF32 is set explicitly for every choice: on for "tf32" only. Under bf16 / fp16 autocast
-    the only float32 matmuls left are the SSM kernels', which must not use TF32 (ssm.Matmul guards them anyway), so
-    TF32 there would buy nothing. The SSM kernels and FFT convolutions run in fp32 inside autocast (ssm.py).
-    --amp is the old name of --precision bf16."""
-    name = args.precision or ("bf16" if args.amp else None)
-    if name is None:
-        name = "fp32" if device.type != "cuda" else ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8
-                                                     else "fp16")
-    flag, on, off = tf32_flag()
-    setattr(torch.backends.cuda.matmul, flag, on if name == "tf32" else off)    # also on a CPU: no effect there
-    torch.backends.cudnn.allow_tf32 = name == "tf32"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
-    amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
-    return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
-
-
-# ---- batches of a run ------------------------------------------------------------------------------------------
-
-class SeededOrder(torch.utils.data.Sampler):
-    """A new permutation of the n examples at every pass, drawn from `gen` (its state is in last.pt), so one
-    DataLoader (with persistent workers) serves every epoch and the order is that of a 1-process run everywhere."""
-
-    def __init__(self, n, gen):
-        self.n, self.gen = n, gen
-
-    def __iter__(self):
-        return iter(torch.randperm(self.n, generator=self.gen).tolist())
-
-    def __len__(self):
-        return self.n
-
-
-def loader(dataset, batch_size, args, device, order=None):
-    """Batches of `dataset` padded by lra_data.collate (token batches to a few bucketed lengths): in a new seeded
-    order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory, persistent workers that prefetch."""
-    workers, cuda = args.workers, device.type == "cuda"
-    seeds = torch.Generator().manual_seed(args.seed + 4)   # its worker seeds: not from the global (dropout) RNG
-    return torch.utils.data.DataLoader(dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
-                                       collate_fn=lra_data.collate, num_workers=workers, pin_memory=cuda,
-                                       persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
-                                       generator=seeds)
-
-
-# ---- what a run prints first and last ----------------------------------------------------------------------
-
-def startup_lines(args, how, notes, device, world, threads, splits, source, data_notes, classifier, meta, t_data):
+def startup_lines(args, how, plan, notes, data, classifier, meta):
     """What the run prints first (and log.txt keeps): preset, plan, device, every setting, data, model, sizes."""
-    knobs = {"masked": f"mask ratio {args.mask_ratio}", "span": f"mask ratio {args.mask_ratio}, span mean "
-             f"{args.span_mean}", "rtd": f"mask ratio {args.mask_ratio}, generator {args.gen_width}x{args.gen_layers}, "
-             f"λ {args.rtd_weight}, {'GDES' if args.gdes else 'shared embedding'}"}.get(args.objective)
-    plan = (f"SPT {args.objective}{f' ({knobs})' if knobs else ''}, then fine-tune" if args.spt
-            else f"fine-tune from {args.init_from}" if args.init_from else "from scratch (TFS)")
+    world = int(os.environ.get("WORLD_SIZE", 1))
     extras = f"{f' × {world} processes (DDP)' if world > 1 else ''} | precision {args.precision}" + \
         (" + torch.compile" if args.compile else "")
     n_backbone = sum(p.numel() for p in classifier.backbone.parameters())
     n_head = sum(p.numel() for p in classifier.head.parameters())
-    sizes = " / ".join(f"{split} {len(splits[split]):,}" for split in ("train", "val", "test"))
+    sizes = " / ".join(f"{split} {len(data.splits[split]):,}" for split in ("train", "val", "test"))
+    where = machine(args.device)
     return [f"preset {args.preset} ({how}); explicit flags override it", *notes,
             f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
-            f"device {device}{extras} | torch {torch.__version__} | threads {threads['torch_threads']} | "
-            f"git {git_commit()}",
+            f"device {args.device}{extras} | torch {torch.__version__} | {where['cpu']} | threads "
+            f"{where['torch_threads']} | git {git_commit()}",
             "settings: " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
-            f"data: {source} | {sizes} | {t_data:.1f} s", *(f"data note: {n}" for n in data_notes),
-            f"model {type(classifier.backbone).__name__}({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
+            f"data: {data.source} | {sizes} | {data.seconds:.1f} s", *(f"data note: {n}" for n in data.notes),
+            f"model {meta['model_name']}({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
             f"params: backbone {n_backbone:,} + classifier head {n_head:,} = {n_backbone + n_head:,}"]
 
 
-def stopped_by_ctrl_c(run_dir, where):
-    """One line instead of a KeyboardInterrupt traceback: where the run stopped, what is saved, how to go on."""
-    last = read_checkpoint(run_dir / "last.pt") if (run_dir / "last.pt").is_file() else None
-    saved = f"last.pt holds {last['phase']} epoch {last['epoch']}" if last else "no checkpoint yet"
-    then = (f"continue with: python train.py --resume {run_dir}" if last else
-            f"start the run again ({run_dir} holds no checkpoint: delete it)")
-    line = f"train.py: stopped by Ctrl-C at {where}; {saved}; {then}"
-    print(line, file=sys.stderr)
-    if rank_and_world()[0] == 0:                                         # the log says how the run ended, too
-        with open(run_dir / "log.txt", "a") as f:
-            f.write(line + "\n")
-    raise SystemExit(130)
+def run_meta(meta, args, argv, data, device):
+    """config.json: the model's description, every setting, and what the numbers depend on besides them."""
+    return dict(meta, preset=args.preset, device=str(device), torch=torch.__version__, git=git_commit(),
+                data_source=data.source, data_notes=data.notes, machine=machine(device),
+                command=sys.argv if argv is None else ["train.py", *argv])
 
 
-def write_results(run_dir, results):
+def absolute_paths(args):
+    """Every path of the run made absolute, so that config.json and last.pt name the same files from any folder."""
+    for key in ("data_dir", "cache_dir", "out", "init_from"):
+        if getattr(args, key):
+            setattr(args, key, str(Path(getattr(args, key)).resolve()))
+
+
+def log_evaluation(folder, phase, epoch, step, lr, metrics):
+    """The line (log.txt) and record (log.jsonl) of one evaluation. metrics: {"train": training metrics since the
+    last evaluation, "val": validation metrics, "improved": bool, "seconds": the phase's time so far}."""
+    train, val = metrics["train"], metrics["val"]
+    metric = "r2" if "r2" in val else "acc"
+    log(folder, f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | train_loss "
+        f"{train['loss']:.4f} {metric} {train[metric]:.4f} | val_loss {val['loss']:.4f} val_{metric} "
+        f"{val[metric]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | {metrics['seconds']:.0f} s",
+        {"phase": phase.name, "epoch": epoch, "step": step, **{f"train_{k}": v for k, v in train.items()},
+         **{f"val_{k}": v for k, v in val.items()}, "lr": lr, "elapsed_s": metrics["seconds"]})
+
+
+def write_predictions(folder, split, predicted):
+    """test_predictions.json: the test split's labels and the best checkpoint's predicted classes, one digit per
+    example in the split's order (a digest of its index into the cached part says which examples), so that two runs
+    on one split can be compared example by example (results/stats.py: McNemar). DDP: every process's rows,
+    gathered (one process writes). About 2 bytes per example (Text, 25,000 reviews: 50 KB)."""
+    rows = torch.cat(predicted).cpu() if predicted else torch.zeros(0, dtype=torch.long)
+    if dist.is_initialized():                                 # each process scored its rows of every batch
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, [p.cpu() for p in predicted])
+        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])    # batch by batch, rank by rank: in order
+    labels = [int(y) for y in split.labels]
+    if rank() > 0 or len(rows) != len(labels) or max(labels + rows.tolist(), default=0) > 9:
+        return                                               # one digit per example: up to 10 classes
+    index = hashlib.sha1(",".join(map(str, map(int, split.index))).encode()).hexdigest()
+    text = json.dumps({"split": "test", "n": len(labels), "index_sha1": index,
+                       "labels": "".join(map(str, labels)), "predictions": "".join(map(str, rows.tolist()))})
+    write_whole(folder / "test_predictions.json", lambda tmp: tmp.write_text(text + "\n"))
+
+
+def write_results(folder, results):
     """results.json (rank 0) and the last log line."""
-    if rank_and_world()[0] == 0:
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    if rank() == 0:
+        write_whole(folder / "results.json", lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
     seconds = results["wall_time_s"]
     phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
-    log(run_dir, f"done in {seconds['total'] / 60:.1f} min ({phases}): {run_dir}",
+    log(folder, f"done in {seconds['total'] / 60:.1f} min ({phases}): {folder}",
         {"phase": "done", "wall_time_s": seconds})
 
 
 # ---- checkpoints and resume ---------------------------------------------------------------------------------------
 
 def save_checkpoint(path, state):
-    """Write a plain dict atomically (temporary file, then os.replace): a kill mid-write leaves the old file intact."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    """Write a plain dict whole (write_whole): a kill or a full disk mid-write leaves the old file intact."""
+    write_whole(path, lambda tmp: torch.save(state, tmp))
+
+
+def save_phase_checkpoints(folder, best_file, state):
+    """After an evaluation (rank 0): the best checkpoint when it improved (best_file, else None), then last.pt,
+    written last so that a resume never misses a best."""
+    if rank() > 0:
+        return
+    with stopping_at(f"{state['phase']} epoch {state['epoch']}, writing checkpoints"):
+        if best_file:
+            save_checkpoint(folder / best_file, state)
+        save_checkpoint(folder / "last.pt", state)
 
 
 def read_checkpoint(path, device="cpu"):
@@ -282,47 +350,33 @@ def read_checkpoint(path, device="cpu"):
     return ck
 
 
-def training_state(model, opt, sched, gens, device, scaler=None):
-    """What --resume needs beyond the phase's progress: weights, optimiser, schedule, fp16 scaler and every RNG."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "scaler": scaler.state_dict() if scaler else None, "device_type": device.type,
-            "rng": {"torch": torch.get_rng_state(), "cuda": cuda, **{k: g.get_state() for k, g in gens.items()}}}
-
-
-def restore_training_state(ck, model, opt, sched, gens, device, scaler=None):
-    """Inverse of training_state: continue exactly where the checkpoint `ck` (a last.pt) stopped."""
-    model.load_state_dict(ck["model"])
-    opt.load_state_dict(ck["optimizer"])
-    sched.load_state_dict(ck["scheduler"])
-    if scaler is not None and ck.get("scaler"):
-        scaler.load_state_dict(ck["scaler"])
-    torch.set_rng_state(ck["rng"]["torch"])
-    if device.type == "cuda" and ck["rng"]["cuda"] is not None:     # this GPU's only: the GPU count may change
-        torch.cuda.set_rng_state(ck["rng"]["cuda"], device)
-    for k, g in gens.items():
-        g.set_state(ck["rng"][k])
-
-
-def ck_args(folder):
-    """The settings a run folder's config.json records (empty if it has none)."""
+def read_config(folder):
+    """A run folder's config.json (empty if it has none); one line if it is damaged."""
     path = Path(folder) / "config.json"
-    return json.loads(path.read_text()).get("args", {}) if path.is_file() else {}
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        fail(f"--resume {folder}: {path} is damaged ({type(e).__name__}: {str(e)[:80]}); the run cannot be checked "
+             f"against its settings: start a new run")
 
 
 RESUME_MAY_CHANGE = {"resume", "device", "workers"}    # settings a resumed run may take from the new command line
+PATH_FLAGS = {"data_dir", "cache_dir", "out", "init_from"}
 
 
 def resume_settings(args, given, defaults):
     """--resume DIR: (the run's own settings, its last.pt, the folder's lock, held from here on, so that what is
-    checked here stays true), or exits: finished run (status 0, results.json untouched), no or damaged last.pt,
-    flags that would change the run, a folder in use (status 2)."""
+    checked here stays true), or exits: finished run (status 0, results.json untouched), no, damaged or incompatible
+    last.pt, flags that would change the run, a folder in use (status 2). Temporary files a killed run left (*.tmp)
+    are removed, under the lock."""
     folder = Path(args.resume)
     if not folder.is_dir():
         fail(f"--resume {folder}: no such run folder")
-    finished = lambda: (folder / "results.json").is_file()
+    finished = lambda: (folder / "results.json").is_file()  # noqa: E731
     lock = None if finished() else hold_lock(folder)                    # then nothing can finish it behind our back
     try:
+        for tmp in folder.glob("*.tmp"):                                 # a write a kill cut short
+            tmp.unlink()
         return resume_checks(args, given, defaults, folder, finished) + (lock,)
     except BaseException:                                                # refused: give the folder back at once
         release_lock(lock)
@@ -336,12 +390,16 @@ def resume_checks(args, given, defaults, folder, finished):
         raise SystemExit(0)
     if not (folder / "last.pt").is_file():
         fail(f"--resume {folder}: no last.pt in that folder (a run writes it at its first evaluation)")
-    saved_args = ck_args(folder)
-    changed = sorted(k for k in given - RESUME_MAY_CHANGE if saved_args.get(k, defaults.get(k)) != getattr(args, k))
+    config = read_config(folder)
+    saved_args = config.get("args", {})
+    seed_it = f", e.g. with --init-from {folder}/spt.pt" if (folder / "spt.pt").is_file() else ""
+    same = lambda k: Path(saved_args[k]).resolve() == Path(getattr(args, k)).resolve() if k in PATH_FLAGS and \
+        saved_args.get(k) and getattr(args, k) else saved_args.get(k, defaults.get(k)) == getattr(args, k)  # noqa
+    changed = sorted(k for k in given - RESUME_MAY_CHANGE if not same(k))
     if changed:
         flags = ", ".join("--" + k.replace("_", "-") for k in changed)
-        fail(f"--resume continues a run with its own settings; {flags} "
-             f"cannot change (only --device, --workers); start a new run, e.g. with --init-from {folder}/spt.pt")
+        fail(f"--resume continues a run with its own settings; {flags} cannot change (only --device, --workers); "
+             f"start a new run{seed_it}")
     try:
         ck = read_checkpoint(folder / "last.pt")
     except ValueError as e:
@@ -351,11 +409,17 @@ def resume_checks(args, given, defaults, folder, finished):
                 other = read_checkpoint(folder / name)
                 usable.append(f"{name} ({other['phase']} epoch {other['epoch']})")
         hint = f"still readable: {', '.join(usable)}" if usable else "no other readable checkpoint there"
-        fail(f"--resume: {e}; {hint}; start again (an spt.pt can seed a new run: --init-from {folder}/spt.pt)")
+        fail(f"--resume: {e}; {hint}; start again{seed_it.replace(', e.g.', ' (an spt.pt can seed a new run:')}"
+             f"{')' if seed_it else ''}")
+    missing = [k for k in ("optimizer", "scheduler", "rng", "args", "phase", "epoch", "step", "best") if k not in ck]
+    if missing:
+        fail(f"--resume {folder}: its last.pt (commit {config.get('git', 'unknown')} in config.json) lacks "
+             f"{', '.join(missing)}, which this code needs to continue it; start a new run{seed_it}")
     if ck.get("device_type", "cpu") != (torch.device(args.device).type if args.device else
                                         ("cuda" if torch.cuda.is_available() else "cpu")):
         fail(f"--resume {folder}: it ran on {ck.get('device_type', 'cpu')}; resume it there (its mask generator "
              f"and RNG states belong to that device type; --device may pick another device of that type)")
+    ck["commit"] = config.get("git", "unknown")
     saved = {**defaults, **ck["args"]}                          # flags newer than the checkpoint: their defaults
     saved["pretrain_batch_size"] = saved.get("pretrain_batch_size") or saved["batch_size"]
     return argparse.Namespace(**{**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE}}), ck
@@ -366,8 +430,8 @@ def run_folder(args, meta, lines, lock=None):
     """Hold the run folder for the block: a new runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/ with config.json
     (DDP: rank 0 names and creates it, all use it), or the --resume folder, whose `lock` resume_settings took. Rank 0
     holds its lock for the whole block, so a second train.py on one folder stops in one line before writing anything;
-    then log.txt gets `lines`."""
-    rank, world = rank_and_world()
+    then log.txt gets `lines`. Yields the folder."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
     if args.resume:
         folder = Path(args.resume)
     else:
@@ -380,13 +444,13 @@ def run_folder(args, meta, lines, lock=None):
             shared = [folder]
             dist.broadcast_object_list(shared, src=0)
             folder = shared[0]
-    if rank == 0 and not args.resume:
+    if rank() == 0 and not args.resume:
         try:
             folder.mkdir(parents=True)
         except OSError as e:                                             # read-only file system, no permission, ...
             fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); pass a writable folder")
         lock = hold_lock(folder)
-        (folder / "config.json").write_text(json.dumps(meta, indent=2))
+        write_whole(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     try:
         for line in lines:
             log(folder, line)

@@ -1,12 +1,18 @@
-"""ssm.py: the SSM block that S4, S4D (s4.py) and DLR (dlr.py) share (Gu et al. ICLR 2022, S4 §3.4 and §2.4).
-block:        y = SSMconv(u) + D⊙u → GELU → dropout → Linear(H→2H) → GLU → dropout,  residual + norm (pre or post)
-convolution:  SSMconv(u) = K * u by FFT, both signals zero-padded to n ≥ 2L (length L alone would be circular), n with
-              no prime factor above 7, which cuFFT (and pocketfft) transform fast
-kernels:      K_l = Re Σ_n coef_n w_n^l, the Vandermonde product, made from split powers w^{a·c}·w^b; every matmul of a
-              kernel is a true float32 (or float64) one, forward and backward, whatever the process's TF32 setting
+"""ssm.py: the SSM block that S4, S4D (s4.py) and DLR (dlr.py) share (Gu et al. ICLR 2022, S4 §3.4
+and §2.4).
+block:        y = SSMconv(u) + D⊙u → GELU → dropout → Linear(H→2H) → GLU → dropout,
+              residual + norm (pre or post)
+convolution:  SSMconv(u) = K * u by FFT, both signals zero-padded to n ≥ 2L (length L alone would
+              be circular), n with no prime factor above 7, which cuFFT (and pocketfft) transform
+              fast
+kernels:      K_l = Re Σ_n coef_n w_n^l, the Vandermonde product, made from split powers
+              w^{a·c}·w^b; every matmul of a kernel is a true float32 (or float64) one, forward and
+              backward, whatever the process's TF32 setting
 -> FFT conv == naive sums, block recurrence == block convolution, causality: see tests/test_ssm.py.
-Shapes: B batch, L length, H = d_model channels (the papers' H), N state size; D is the skip vector only.
-A kernel is any module with forward(L) -> (H, L) | (2, H, L), initial_state(B) and step(u_t, x) -> (y_t, x).
+Shapes: B batch, L length, H = d_model channels (the papers' H), N state size; D is the skip vector
+only.
+A kernel is any module with forward(L) -> (H, L) | (2, H, L), initial_state(B) and
+step(u_t, x) -> (y_t, x).
 """
 import contextlib
 import math
@@ -17,44 +23,52 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-# ----------------------------------------------------------------------------- config rules
+# ------------------------------------------------------------------------------------ config rules
 
 def require(ok, message):
-    """Raise ValueError(message) unless ok: one line naming the field, its value and the rule (train.py prints it)."""
+    """Raise ValueError(message) unless ok: one line naming the field, its value and the rule
+    (train.py prints it)."""
     if not ok:
         raise ValueError(message)
 
 
 def check_config(cfg):
-    """The rules of the fields every SSM config has (s4.S4Config, dlr.DLRConfig). Raises ValueError."""
+    """The rules of the fields every SSM config has (s4.S4Config, dlr.DLRConfig). Raises
+    ValueError."""
     require(cfg.d_model >= 1, f"d_model={cfg.d_model} must be >= 1")
     require(cfg.n_layers >= 1, f"n_layers={cfg.n_layers} must be >= 1")
     require(0 <= cfg.dropout < 1, f"dropout={cfg.dropout} must be in [0, 1)")
     require(cfg.norm in ("layer", "batch"), f"norm={cfg.norm!r} must be 'layer' or 'batch'")
-    require(cfg.bidirectional or cfg.norm != "batch", "norm='batch' with bidirectional=False: BatchNorm statistics "
+    require(cfg.bidirectional or cfg.norm != "batch",
+            "norm='batch' with bidirectional=False: BatchNorm statistics "
             "over time leak later positions into earlier outputs in training; use norm='layer'")
-    require(0 < cfg.dt_min <= cfg.dt_max, f"dt_min={cfg.dt_min}, dt_max={cfg.dt_max} must satisfy 0 < dt_min <= dt_max")
-    require(cfg.vocab_size is None or cfg.vocab_size >= 1, f"vocab_size={cfg.vocab_size} must be None or >= 1")
+    require(0 < cfg.dt_min <= cfg.dt_max,
+            f"dt_min={cfg.dt_min}, dt_max={cfg.dt_max} must satisfy 0 < dt_min <= dt_max")
+    require(cfg.vocab_size is None or cfg.vocab_size >= 1,
+            f"vocab_size={cfg.vocab_size} must be None or >= 1")
     require(cfg.d_input >= 1, f"d_input={cfg.d_input} must be >= 1")
 
 
 def check_lengths(lengths, batch_size):
-    """lengths must be None (no padding) or of shape (B,): a host-side shape check, it never waits for the device.
-    Raises ValueError, instead of letting a (B, 1) or (1,) tensor broadcast into a wrong mask."""
+    """lengths must be None (no padding) or of shape (B,): a host-side shape check, it never waits
+    for the device. Raises ValueError, instead of letting a (B, 1) or (1,) tensor broadcast into a
+    wrong mask."""
     if lengths is not None and tuple(lengths.shape) != (batch_size,):
-        raise ValueError(f"lengths has shape {tuple(lengths.shape)}, expected (B,) = ({batch_size},)")
+        raise ValueError(f"lengths has shape {tuple(lengths.shape)}, "
+                         f"expected (B,) = ({batch_size},)")
 
 
-# ----------------------------------------------------------------------------- exact float32 matmuls
+# --------------------------------------------------------------------------- exact float32 matmuls
 
-TF32_IN_KERNELS = False   # True: the kernels' matmuls follow the process's TF32 setting, as plain `@` does; only
-                          # bench.py and the GPU check set it, to measure what the guard costs and what it prevents
+# True: the kernels' matmuls follow the process's TF32 setting, as plain `@` does; only bench.py and
+# the GPU check set it, to measure what the guard costs and what it prevents
+TF32_IN_KERNELS = False
 
 
 def tf32_flag():
-    """(name, on, off) of the attribute of torch.backends.cuda.matmul that lets CUDA's float32 matmuls use TF32:
-    fp32_precision "tf32" / "ieee" where it exists (torch ≥ 2.9, where reading the older flag after it was set raises),
-    else allow_tf32 True / False."""
+    """(name, on, off) of the attribute of torch.backends.cuda.matmul that lets CUDA's float32
+    matmuls use TF32: fp32_precision "tf32" / "ieee" where it exists (torch ≥ 2.9, where reading the
+    older flag after it was set raises), else allow_tf32 True / False."""
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         return "fp32_precision", "tf32", "ieee"
     return "allow_tf32", True, False
@@ -62,8 +76,8 @@ def tf32_flag():
 
 @contextlib.contextmanager
 def full_fp32_matmuls():
-    """Inside the block CUDA's float32 matmuls are true float32 ones (no TF32), whatever the process set; restored
-    after. (On a CPU float32 matmuls are float32 anyway.)"""
+    """Inside the block CUDA's float32 matmuls are true float32 ones (no TF32), whatever the process
+    set; restored after. (On a CPU float32 matmuls are float32 anyway.)"""
     name, _, off = tf32_flag()
     old = getattr(torch.backends.cuda.matmul, name)
     setattr(torch.backends.cuda.matmul, name, off)
@@ -74,90 +88,103 @@ def full_fp32_matmuls():
 
 
 class Matmul(torch.autograd.Function):
-    """a @ b in full float32, forward and backward, under any TF32 setting. TF32 (NVIDIA tensor cores, compute
-    capability ≥ 8) keeps 10 of float32's 23 mantissa bits, and an SSM kernel amplifies that rounding: S4's repeated
-    squaring Ā^(2^j) and its Vandermonde product leave PathX kernels (L = 16,384, Δ ≈ 1e-4) up to 117 % off, while
-    float32 stays within 1e-3 of float64 (tests/test_ssm.py emulates TF32 on the CPU). A context manager around the
-    forward alone would not do: autograd runs the backward matmuls later, under the process's setting. TF32 off costs
-    only these matmuls' tensor-core speed-up (bench.py, "kernel precision"); float64 would cost 1/32 of the speed on
-    GPUs with weak float64 (T4, RTX). a: (..., m, k), b: (..., k, n), the same batch shape -> (..., m, n).
-    Use as matmul(a, b)."""
+    """a @ b in full float32, forward and backward, under any TF32 setting. TF32 (NVIDIA tensor
+    cores, compute capability ≥ 8) keeps 10 of float32's 23 mantissa bits, and an SSM kernel
+    amplifies that rounding: S4's repeated squaring Ā^(2^j) and its Vandermonde product leave PathX
+    kernels (L = 16,384, Δ ≈ 1e-4) up to 117 % off, while float32 stays within 1e-3 of float64
+    (tests/test_ssm.py emulates TF32 on the CPU). A context manager around the forward alone would
+    not do: autograd runs the backward matmuls later, under the process's setting. TF32 off costs
+    only these matmuls' tensor-core speed-up (bench.py, "kernel precision"); float64 would cost 1/32
+    of the speed on GPUs with weak float64 (T4, RTX). a: (..., m, k), b: (..., k, n), the same batch
+    shape -> (..., m, n). Use as matmul(a, b)."""
 
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
         with full_fp32_matmuls():
-            return a @ b                                                             # (..., m, n)
+            return a @ b                                                        # (..., m, n)
 
     @staticmethod
-    def backward(ctx, g):                                                            # g: (..., m, n)
+    def backward(ctx, g):                                                       # g: (..., m, n)
         a, b = ctx.saved_tensors
         with full_fp32_matmuls():
-            ga = g @ b.transpose(-1, -2) if ctx.needs_input_grad[0] else None        # (..., m, k)
-            gb = a.transpose(-1, -2) @ g if ctx.needs_input_grad[1] else None        # (..., k, n)
+            ga = g @ b.transpose(-1, -2) if ctx.needs_input_grad[0] else None   # (..., m, k)
+            gb = a.transpose(-1, -2) @ g if ctx.needs_input_grad[1] else None   # (..., k, n)
         return ga, gb
 
 
 def matmul(a, b):
-    """a @ b of an SSM kernel: Matmul (full float32, forward and backward), or plain `@` when TF32_IN_KERNELS."""
+    """a @ b of an SSM kernel: Matmul (full float32, forward and backward), or plain `@` when
+    TF32_IN_KERNELS."""
     return a @ b if TF32_IN_KERNELS else Matmul.apply(a, b)
 
 
-# ----------------------------------------------------------------------------- convolution and Vandermonde product
+# -------------------------------------------------------------- convolution and Vandermonde product
 
 class RFFT(torch.autograd.Function):
-    """torch.fft.rfft(x, n=n) with a lean backward: the adjoint of a real FFT is one inverse real FFT, with the
-    one-sided bins halved (irfft counts each twice). PyTorch's own backward (CPU) runs a full complex FFT and returns
-    a stride-2 gradient, on which the batched matmuls behind it take a slow path; this one is one real FFT and its
-    gradient is dense. x: (..., m) real -> (..., n/2+1) complex. Use as RFFT.apply(x, n)."""
+    """torch.fft.rfft(x, n=n) with a lean backward: the adjoint of a real FFT is one inverse real
+    FFT, with the one-sided bins halved (irfft counts each twice). PyTorch's own backward (CPU) runs
+    a full complex FFT and returns a stride-2 gradient, on which the batched matmuls behind it take
+    a slow path; this one is one real FFT and its gradient is dense. x: (..., m) real ->
+    (..., n/2+1) complex. Use as RFFT.apply(x, n)."""
 
     @staticmethod
     def forward(ctx, x, n):
-        ctx.m, ctx.n = x.size(-1), n                                                 # x is zero-padded from m to n
-        return torch.fft.rfft(x, n=n)                                                # (..., n/2+1) complex
+        ctx.m, ctx.n = x.size(-1), n                           # x is zero-padded from m to n
+        return torch.fft.rfft(x, n=n)                          # (..., n/2+1) complex
 
     @staticmethod
-    def backward(ctx, g):                                                            # g: (..., n/2+1) complex
+    def backward(ctx, g):                                      # g: (..., n/2+1) complex
         n = ctx.n
-        weight = torch.full((n // 2 + 1,), 0.5, dtype=g.real.dtype, device=g.device)  # (n/2+1,): bins 1 .. (n−1)/2
-        weight[0] = weight[(n + 1) // 2 :] = 1                                       # are counted twice by irfft
-        return torch.fft.irfft(g * weight, n=n, norm="forward")[..., : ctx.m], None  # (..., m) real; n·irfft
+        # (n/2+1,): bins 1 .. (n−1)/2 are counted twice by irfft
+        weight = torch.full((n // 2 + 1,), 0.5, dtype=g.real.dtype, device=g.device)
+        weight[0] = weight[(n + 1) // 2 :] = 1
+        # (..., m) real; n·irfft
+        return torch.fft.irfft(g * weight, n=n, norm="forward")[..., : ctx.m], None
 
 
 def powers(log_w, n):
-    """w^j for j < n by doubling, w^{j+k} = w^j·w^k for k = 1, 2, 4, ...: log2(n) exp calls on (G, M) instead of one
-    on (G, M, n), the rest are multiplications. log_w: (G, M) complex -> (G, M, n) complex, same dtype."""
-    w = torch.ones_like(log_w)[..., None]                                            # (G, M, 1), w^0
+    """w^j for j < n by doubling, w^{j+k} = w^j·w^k for k = 1, 2, 4, ...: log2(n) exp calls on
+    (G, M) instead of one on (G, M, n), the rest are multiplications. log_w: (G, M) complex ->
+    (G, M, n) complex, same dtype."""
+    w = torch.ones_like(log_w)[..., None]                                # (G, M, 1), w^0
     while w.size(-1) < n:
-        w = torch.cat([w, w * torch.exp(w.size(-1) * log_w)[..., None]], -1)        # (G, M, 2k)
-    return w[..., :n]                                                                # (G, M, n)
+        w = torch.cat([w, w * torch.exp(w.size(-1) * log_w)[..., None]], -1)   # (G, M, 2k)
+    return w[..., :n]                                                    # (G, M, n)
 
 
 def vandermonde(coef, log_w, L):
-    """Re Σ_n coef_{g,r,n} w_{g,n}^l for l < L: coef (G, R, M) complex, log_w (G, M) complex -> (G, R, L) real.
-    The kernels of S4D (G = Hk, R = 1), DLR (G = directions, R = H: λ shared by the channels) and the Cauchy sums of
-    S4 (R = 4). Split powers: l = a·c + b (b < c) and w^l = w^{a·c}·w^b. Only the tables w^b and w^{a·c},
-    M·(c + L/c) values, are computed; w^{a·c} is folded into coef, and what is left is one batched matmul
-    (G, R·L/c, M)·(G, M, c): matmul speed, and no (G, M, L) tensor in the forward or in autograd. c ≈ √(R·L), a power
-    of two, makes those two factors equally big, so their memory grows like √L. The tables are made in float64, then
-    cast: w^l made in float32 carries a phase error of ~l·ε (l up to 65536; S4's HiPPO modes then lose 3 digits),
-    the cast only ε."""
+    """Re Σ_n coef_{g,r,n} w_{g,n}^l for l < L: coef (G, R, M) complex, log_w (G, M) complex ->
+    (G, R, L) real. The kernels of S4D (G = Hk, R = 1), DLR (G = directions, R = H: λ shared by the
+    channels) and the Cauchy sums of S4 (R = 4). Split powers: l = a·c + b (b < c) and
+    w^l = w^{a·c}·w^b. Only the tables w^b and w^{a·c}, M·(c + L/c) values, are computed; w^{a·c}
+    is folded into coef, and what is left is one batched matmul (G, R·L/c, M)·(G, M, c): matmul
+    speed, and no (G, M, L) tensor in the forward or in autograd. c ≈ √(R·L), a power of two, makes
+    those two factors equally big, so their memory grows like √L. The tables are made in float64,
+    then cast: w^l made in float32 carries a phase error of ~l·ε (l up to 65536; S4's HiPPO modes
+    then lose 3 digits), the cast only ε."""
     G, R, M = coef.shape
-    c = min(L, 2 ** (round(math.log2(R * L)) // 2))                                 # split: l = a·c + b
-    log_w = log_w.to(torch.complex128)                                               # (G, M)
-    small = powers(log_w.conj(), c).to(coef.dtype)                                   # (G, M, c), conj(w^b)
-    big = powers(c * log_w, -(-L // c)).to(coef.dtype)                               # (G, M, L/c), w^{a·c}
-    scaled = (coef[:, :, None, :] * big.transpose(1, 2)[:, None]).reshape(G, -1, M)   # (G, R·L/c, M) complex
-    # Re(x·y) = Re x·Re y − Im x·Im y: one real matmul of half the flops of a complex one, on (re, im) pairs
-    small = torch.view_as_real(small).transpose(2, 3).reshape(G, 2 * M, c)          # (G, 2M, c): Re w^b, −Im w^b
-    K = matmul(torch.view_as_real(scaled).reshape(G, -1, 2 * M), small).view(G, R, -1)   # (G, R, ⌈L/c⌉·c) real
-    return K if K.size(-1) == L else K[..., :L]     # (G, R, L); a slice would cost a zero-filled copy in backward
+    c = min(L, 2 ** (round(math.log2(R * L)) // 2))                      # split: l = a·c + b
+    log_w = log_w.to(torch.complex128)                                   # (G, M)
+    small = powers(log_w.conj(), c).to(coef.dtype)                       # (G, M, c), conj(w^b)
+    big = powers(c * log_w, -(-L // c)).to(coef.dtype)                   # (G, M, L/c), w^{a·c}
+    # (G, R·L/c, M) complex
+    scaled = (coef[:, :, None, :] * big.transpose(1, 2)[:, None]).reshape(G, -1, M)
+    # Re(x·y) = Re x·Re y − Im x·Im y: one real matmul of half the flops of a complex one, on
+    # (re, im) pairs
+    # (G, 2M, c): Re w^b, −Im w^b
+    small = torch.view_as_real(small).transpose(2, 3).reshape(G, 2 * M, c)
+    # (G, R, ⌈L/c⌉·c) real
+    K = matmul(torch.view_as_real(scaled).reshape(G, -1, 2 * M), small).view(G, R, -1)
+    # (G, R, L); a slice would cost a zero-filled copy in backward
+    return K if K.size(-1) == L else K[..., :L]
 
 
 @cache
 def fft_length(n):
-    """The smallest m ≥ n with no prime factor above 7: a length cuFFT and pocketfft transform fast. A large prime
-    factor sends cuFFT to Bluestein's algorithm, several times slower: Retrieval's 2L = 8,002 = 2·4,001 -> 8,064."""
+    """The smallest m ≥ n with no prime factor above 7: a length cuFFT and pocketfft transform fast.
+    A large prime factor sends cuFFT to Bluestein's algorithm, several times slower: Retrieval's
+    2L = 8,002 = 2·4,001 -> 8,064."""
     m = n
     while True:
         rest = m
@@ -170,144 +197,165 @@ def fft_length(n):
 
 
 def fft_conv(u, k):
-    """Linear (not circular) convolution by FFT (S4 §2.4), both signals zero-padded to n = fft_length(2L) ≥ 2L.
-    u: (B, H, L) real. k: (H, L) causal kernel, y_t = Σ_{s≤t} k_{t−s} u_s; or (2, H, L) = (k⁰, k¹), bidirectional:
+    """Linear (not circular) convolution by FFT (S4 §2.4), both signals zero-padded to
+    n = fft_length(2L) ≥ 2L.
+    u: (B, H, L) real. k: (H, L) causal kernel, y_t = Σ_{s≤t} k_{t−s} u_s; or (2, H, L) = (k⁰, k¹),
+    bidirectional:
         y_t = Σ_{s≤t} k⁰_{t−s} u_s + Σ_{s>t} k¹_{s−t−1} u_s,
-    i.e. k¹ runs on the time-reversed input shifted by one step, so u_t is counted once (by k⁰), as in S4.
+    i.e. k¹ runs on the time-reversed input shifted by one step, so u_t is counted once (by k⁰), as
+    in S4.
     Returns (B, H, L) real, u's dtype."""
     L = u.size(-1)
     n = fft_length(2 * L)
-    if k.dim() == 3:                                        # lag −m (m = 1..L) sits at index n − m of the period
-        k0, k1 = k.unbind(0)                                # (H, L) each; unbind, not k[0]: no zero-filled grads
-        gap = k0.new_zeros(k0.size(0), n - 2 * L)                                    # (H, n − 2L): no lag there
-        k = torch.cat([k0, gap, k1.flip(-1)], -1)                                    # (H, n): k⁰, 0, k¹ reversed
-    y = torch.fft.irfft(RFFT.apply(u, n) * RFFT.apply(k, n), n=n)                   # (B, H, n)
-    return y[..., :L]                                                                # (B, H, L)
+    if k.dim() == 3:                           # lag −m (m = 1..L) sits at index n − m of the period
+        k0, k1 = k.unbind(0)                   # (H, L) each; unbind, not k[0]: no zero-filled grads
+        gap = k0.new_zeros(k0.size(0), n - 2 * L)                   # (H, n − 2L): no lag there
+        k = torch.cat([k0, gap, k1.flip(-1)], -1)                   # (H, n): k⁰, 0, k¹ reversed
+    y = torch.fft.irfft(RFFT.apply(u, n) * RFFT.apply(k, n), n=n)   # (B, H, n)
+    return y[..., :L]                                               # (B, H, L)
 
 
-# ----------------------------------------------------------------------------- dropout, norms, padding
+# -------------------------------------------------------------------------- dropout, norms, padding
 
 def tied_dropout(x, p, training):
-    """Dropout with one mask per (batch, channel), tied along L (S4's DropoutNd). x: (B, L, H) -> (B, L, H)."""
+    """Dropout with one mask per (batch, channel), tied along L (S4's DropoutNd). x: (B, L, H) ->
+    (B, L, H)."""
     if not training or p == 0:
         return x
-    mask = torch.bernoulli(torch.full_like(x[:, :1], 1 - p))                         # (B, 1, H)
-    return x * mask / (1 - p)                                                        # (B, L, H)
+    mask = torch.bernoulli(torch.full_like(x[:, :1], 1 - p))            # (B, 1, H)
+    return x * mask / (1 - p)                                           # (B, L, H)
 
 
 def norm_layer(kind, H):
-    """nn.LayerNorm(H) for "layer", nn.BatchNorm1d(H) (momentum 0.1) for "batch"; ValueError otherwise."""
+    """nn.LayerNorm(H) for "layer", nn.BatchNorm1d(H) (momentum 0.1) for "batch"; ValueError
+    otherwise."""
     require(kind in ("layer", "batch"), f"norm={kind!r} must be 'layer' or 'batch'")
     return nn.LayerNorm(H) if kind == "layer" else nn.BatchNorm1d(H)
 
 
 def pad_mask(lengths, L, device):
-    """(B, L) bool, True at real positions (t < lengths[b]); None when lengths is None (no padding)."""
+    """(B, L) bool, True at real positions (t < lengths[b]); None when lengths is None (no
+    padding)."""
     return None if lengths is None else torch.arange(L, device=device) < lengths.to(device)[:, None]
 
 
 def masked_batch_norm(norm, x, mask):
-    """nn.BatchNorm1d over the real positions of a padded batch, pads set to 0. x: (B, L, H) float, mask: (B, L)
-    bool -> (B, L, H). Training: normalise by the mean and biased variance of the real positions and move the
-    running estimates as BatchNorm1d does (unbiased variance, norm.momentum); eval: the running statistics. Sums
-    under the mask instead of x[mask]: boolean indexing would make the host wait for the device to count."""
+    """nn.BatchNorm1d over the real positions of a padded batch, pads set to 0. x: (B, L, H) float,
+    mask: (B, L) bool -> (B, L, H). Training: normalise by the mean and biased variance of the real
+    positions and move the running estimates as BatchNorm1d does (unbiased variance,
+    norm.momentum); eval: the running statistics. Sums under the mask instead of x[mask]: boolean
+    indexing would make the host wait for the device to count."""
     if not norm.training:
-        return torch.where(mask[..., None], norm(x.reshape(-1, x.size(-1))).view_as(x), 0)   # (B, L, H)
-    m = mask[..., None].to(x.dtype)                                                  # (B, L, 1)
-    n = m.sum()                                                                      # (), real positions
-    mean = (x * m).sum((0, 1)) / n.clamp(min=1)                                      # (H,)
-    var = ((x - mean) ** 2 * m).sum((0, 1)) / n.clamp(min=1)                         # (H,), biased
+        # (B, L, H)
+        return torch.where(mask[..., None], norm(x.reshape(-1, x.size(-1))).view_as(x), 0)
+    m = mask[..., None].to(x.dtype)                                     # (B, L, 1)
+    n = m.sum()                                                         # (), real positions
+    mean = (x * m).sum((0, 1)) / n.clamp(min=1)                         # (H,)
+    var = ((x - mean) ** 2 * m).sum((0, 1)) / n.clamp(min=1)            # (H,), biased
     with torch.no_grad():
         norm.running_mean.lerp_(mean.to(norm.running_mean.dtype), norm.momentum)
-        norm.running_var.lerp_((var * n / (n - 1).clamp(min=1)).to(norm.running_var.dtype), norm.momentum)
+        norm.running_var.lerp_((var * n / (n - 1).clamp(min=1)).to(norm.running_var.dtype),
+                               norm.momentum)
         norm.num_batches_tracked.add_(1)
-    y = (x - mean) * torch.rsqrt(var + norm.eps) * norm.weight + norm.bias          # (B, L, H)
-    return torch.where(mask[..., None], y, 0)                                        # (B, L, H)
+    y = (x - mean) * torch.rsqrt(var + norm.eps) * norm.weight + norm.bias   # (B, L, H)
+    return torch.where(mask[..., None], y, 0)                           # (B, L, H)
 
 
 def apply_norm(norm, x, mask=None):
-    """x: (B, L, H) or (B, H); mask: (B, L) bool, True = real, or None (no padding). BatchNorm statistics use the
-    real positions only (pads get 0), so padding never changes real outputs; LayerNorm acts per position anyway."""
+    """x: (B, L, H) or (B, H); mask: (B, L) bool, True = real, or None (no padding). BatchNorm
+    statistics use the real positions only (pads get 0), so padding never changes real outputs;
+    LayerNorm acts per position anyway."""
     if not isinstance(norm, nn.BatchNorm1d):
         return norm(x)
     if mask is None:
-        return norm(x.reshape(-1, x.size(-1))).view_as(x)                            # (B·L, H) -> (B, L, H)
-    return masked_batch_norm(norm, x, mask)                                          # (B, L, H)
+        return norm(x.reshape(-1, x.size(-1))).view_as(x)               # (B·L, H) -> (B, L, H)
+    return masked_batch_norm(norm, x, mask)                             # (B, L, H)
 
 
-# ----------------------------------------------------------------------------- the block
+# -------------------------------------------------------------------------------------- the block
 
 class SSMLayer(nn.Module):
     """The S4 block (S4 §3.4), shared by S4, S4D and DLR. For u (B, L, H):
-        z = norm(u) → pads zeroed → y = K * z + D⊙z → GELU → dropout → Linear(H→2H) → GLU → dropout → u + y
-    (pre-norm, default; post-norm: the norm comes after the residual). kernel: s4.S4Kernel, dlr.DLRKernel, or any
-    module with forward(L) -> (H, L) | (2, H, L), initial_state(B) and step(z_t, x) -> (K-part of y_t, x).
+        z = norm(u) → pads zeroed → y = K * z + D⊙z → GELU → dropout → Linear(H→2H) → GLU →
+        dropout → u + y
+    (pre-norm, default; post-norm: the norm comes after the residual). kernel: s4.S4Kernel,
+    dlr.DLRKernel, or any module with forward(L) -> (H, L) | (2, H, L), initial_state(B) and
+    step(z_t, x) -> (K-part of y_t, x).
     Reads cfg.d_model, cfg.dropout, cfg.prenorm, cfg.norm, cfg.bidirectional."""
 
     def __init__(self, cfg, kernel):
         super().__init__()
-        self.kernel, self.prenorm, self.p, self.bidirectional = kernel, cfg.prenorm, cfg.dropout, cfg.bidirectional
-        self.D = nn.Parameter(torch.randn(cfg.d_model))                              # (H,), skip connection
-        self.out = nn.Linear(cfg.d_model, 2 * cfg.d_model)                           # H -> 2H, halved by the GLU
+        self.kernel, self.prenorm, self.p, self.bidirectional = (
+            kernel, cfg.prenorm, cfg.dropout, cfg.bidirectional)
+        self.D = nn.Parameter(torch.randn(cfg.d_model))              # (H,), skip connection
+        self.out = nn.Linear(cfg.d_model, 2 * cfg.d_model)           # H -> 2H, halved by the GLU
         self.norm = norm_layer(cfg.norm, cfg.d_model)
 
     def forward(self, u, lengths=None):
-        """u: (B, L, H) float; lengths: (B,) long, or None = no padding. Returns (B, L, H), u's dtype. Real positions
-        never depend on pads (pads are zeroed before the convolution). The kernel and the FFT run in ≥ float32, with
-        autocast off. Raises ValueError when lengths is not of shape (B,)."""
+        """u: (B, L, H) float; lengths: (B,) long, or None = no padding. Returns (B, L, H), u's
+        dtype. Real positions never depend on pads (pads are zeroed before the convolution). The
+        kernel and the FFT run in ≥ float32, with autocast off. Raises ValueError when lengths is
+        not of shape (B,)."""
         L = u.size(1)
         check_lengths(lengths, u.size(0))
-        mask = pad_mask(lengths, L, u.device)                                        # (B, L) or None
-        z = apply_norm(self.norm, u, mask) if self.prenorm else u                    # (B, L, H)
+        mask = pad_mask(lengths, L, u.device)                                # (B, L) or None
+        z = apply_norm(self.norm, u, mask) if self.prenorm else u            # (B, L, H)
         if mask is not None:
-            z = z * mask[..., None]                       # so a backward kernel cannot carry pads to real positions
-        with torch.autocast(u.device.type, enabled=False):                           # FFT in ≥ fp32, even under AMP
-            k = self.kernel(L)                                                       # (H, L) or (2, H, L)
+            z = z * mask[..., None]    # so a backward kernel cannot carry pads to real positions
+        with torch.autocast(u.device.type, enabled=False):           # FFT in ≥ fp32, even under AMP
+            k = self.kernel(L)                                               # (H, L) or (2, H, L)
             dtype = torch.promote_types(k.dtype, torch.float32)
-            z = z.transpose(1, 2).to(dtype)                                          # (B, H, L)
-            y = fft_conv(z, k.to(dtype)) + self.D.to(dtype)[:, None] * z             # (B, H, L)
-        y = tied_dropout(F.gelu(y).transpose(1, 2), self.p, self.training)           # (B, L, H)
-        y = u + tied_dropout(F.glu(self.out(y), dim=-1), self.p, self.training)      # (B, L, 2H) -> (B, L, H)
-        return y if self.prenorm else apply_norm(self.norm, y, mask)                 # (B, L, H)
+            z = z.transpose(1, 2).to(dtype)                                  # (B, H, L)
+            y = fft_conv(z, k.to(dtype)) + self.D.to(dtype)[:, None] * z     # (B, H, L)
+        y = tied_dropout(F.gelu(y).transpose(1, 2), self.p, self.training)   # (B, L, H)
+        # (B, L, 2H) -> (B, L, H)
+        y = u + tied_dropout(F.glu(self.out(y), dim=-1), self.p, self.training)
+        return y if self.prenorm else apply_norm(self.norm, y, mask)         # (B, L, H)
 
     def initial_state(self, batch_size):
-        """Zero recurrent state of the kernel, e.g. (B, H, N/2) complex. ValueError for a bidirectional layer."""
-        require(not self.bidirectional, "a bidirectional layer has no recurrent view (it reads the future)")
+        """Zero recurrent state of the kernel, e.g. (B, H, N/2) complex. ValueError for a
+        bidirectional layer."""
+        require(not self.bidirectional,
+                "a bidirectional layer has no recurrent view (it reads the future)")
         return self.kernel.initial_state(batch_size)
 
     def step(self, u_t, state):
-        """The whole block for one position, in eval mode: u_t (B, H) -> (y_t (B, H), state). Feeding u_0, u_1, ...
-        from initial_state gives forward(u)[:, t] (eval mode; BatchNorm uses its running statistics)."""
-        z = apply_norm(self.norm, u_t) if self.prenorm else u_t                      # (B, H)
-        y, state = self.kernel.step(z, state)                                        # (B, H)
-        y = u_t + F.glu(self.out(F.gelu(y + self.D * z)), dim=-1)                    # (B, 2H) -> (B, H)
+        """The whole block for one position, in eval mode: u_t (B, H) -> (y_t (B, H), state).
+        Feeding u_0, u_1, ... from initial_state gives forward(u)[:, t] (eval mode; BatchNorm uses
+        its running statistics)."""
+        z = apply_norm(self.norm, u_t) if self.prenorm else u_t              # (B, H)
+        y, state = self.kernel.step(z, state)                                # (B, H)
+        y = u_t + F.glu(self.out(F.gelu(y + self.D * z)), dim=-1)            # (B, 2H) -> (B, H)
         return (y if self.prenorm else apply_norm(self.norm, y)), state
 
 
-# ----------------------------------------------------------------------------- the backbone
+# ----------------------------------------------------------------------------------- the backbone
 
 class SSMBackbone(nn.Module):
-    """encoder → n_layers × SSMLayer(Kernel(cfg)) → final norm: the backbone of S4, S4D (s4.S4) and DLR (dlr.DLR),
-    with no head (heads.py holds the heads). forward(inputs, lengths=None) -> (B, L, H) features, float32 at least:
-    the residual stream stays in float32 between blocks under autocast too (the pixel encoder's Linear would give
-    bf16 there, the token Embedding float32: one dtype for every task). inputs: (B, L) long tokens when
-    cfg.vocab_size is set, else (B, L, d_input) float. lengths: (B,) long; None means no padding: heads.to_device
-    passes None for a batch without pads (it knows that on the host; finding it out here would make the host wait
-    for the device). Raises ValueError when lengths is not of shape (B,). With post-norm the last block's norm is
-    the final norm."""
+    """encoder → n_layers × SSMLayer(Kernel(cfg)) → final norm: the backbone of S4, S4D (s4.S4) and
+    DLR (dlr.DLR), with no head (heads.py holds the heads). forward(inputs, lengths=None) ->
+    (B, L, H) features, float32 at least: the residual stream stays in float32 between blocks under
+    autocast too (the pixel encoder's Linear would give bf16 there, the token Embedding float32: one
+    dtype for every task). inputs: (B, L) long tokens when cfg.vocab_size is set, else
+    (B, L, d_input) float. lengths: (B,) long; None means no padding: heads.to_device passes None
+    for a batch without pads (it knows that on the host; finding it out here would make the host
+    wait for the device). Raises ValueError when lengths is not of shape (B,). With post-norm the
+    last block's norm is the final norm."""
 
     def __init__(self, cfg, Kernel):
         super().__init__()
         self.cfg = cfg
         H = cfg.d_model
-        self.encoder = nn.Embedding(cfg.vocab_size, H, padding_idx=0) if cfg.vocab_size else nn.Linear(cfg.d_input, H)
+        self.encoder = (nn.Embedding(cfg.vocab_size, H, padding_idx=0) if cfg.vocab_size
+                        else nn.Linear(cfg.d_input, H))
         self.layers = nn.ModuleList(SSMLayer(cfg, Kernel(cfg)) for _ in range(cfg.n_layers))
-        self.norm = norm_layer(cfg.norm, H) if cfg.prenorm else nn.Identity()        # post-norm blocks end normed
+        # post-norm blocks end normed
+        self.norm = norm_layer(cfg.norm, H) if cfg.prenorm else nn.Identity()
 
     def forward(self, inputs, lengths=None):
         check_lengths(lengths, inputs.size(0))
-        u = self.encoder(inputs)                                          # (B, L) | (B, L, d_input) -> (B, L, H)
-        u = u.to(torch.promote_types(u.dtype, torch.float32))            # bf16 (autocast Linear) -> float32
+        u = self.encoder(inputs)                           # (B, L) | (B, L, d_input) -> (B, L, H)
+        u = u.to(torch.promote_types(u.dtype, torch.float32))    # bf16 (autocast Linear) -> float32
         for layer in self.layers:
-            u = layer(u, lengths)                                                    # (B, L, H)
-        return apply_norm(self.norm, u, pad_mask(lengths, u.size(1), u.device))      # (B, L, H)
+            u = layer(u, lengths)                                               # (B, L, H)
+        return apply_norm(self.norm, u, pad_mask(lengths, u.size(1), u.device))  # (B, L, H)

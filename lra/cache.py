@@ -6,6 +6,7 @@ valid:  meta.json's stamp = (relative path, size, mtime) of every source file re
         that then replaces the store, so a crash or a second process never leaves half a cache
 check:  stamp, reuse, rebuild, failed builds, read-only data -> tests/test_lra_cache.py (through load: test_lra_data)
 """
+import errno
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from lra.files import DataError
+from lra.files import DataError, free_space, process_alive
 
 CACHE_VERSION = 2
 
@@ -75,9 +76,22 @@ def write_tokens(store, rows):
     return {part: len(labels[part]) for part in files}
 
 
+def reserve(path):
+    """Allocate every byte of `path` on the disk now (posix_fallocate): a memmap written into a sparse file on a full
+    disk dies with SIGBUS, with no message; this raises OSError (no space) before anything is written instead."""
+    with open(path, "r+b") as f:
+        try:
+            os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+        except (AttributeError, OSError) as e:          # no posix_fallocate (macOS, Windows) or no support for it
+            if isinstance(e, OSError) and e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+
+
 def write_pixels(store, part, labels, length, blocks):
-    """Fill a uint8 (n, length) memmap block by block, so PathX (200k × 16384 bytes) never sits in RAM."""
+    """Fill a uint8 (n, length) memmap block by block, so PathX (200k × 16384 bytes) never sits in RAM; its bytes
+    are reserved on the disk first (reserve)."""
     x = np.lib.format.open_memmap(store / f"{part}.x.npy", mode="w+", dtype=np.uint8, shape=(len(labels), length))
+    reserve(store / f"{part}.x.npy")
     i = 0
     with tqdm(total=len(labels), desc=f"caching {part} pixels", unit=" img") as bar:
         for block in blocks:                     # block: (k, length) uint8
@@ -89,9 +103,20 @@ def write_pixels(store, part, labels, length, blocks):
     return {part: len(labels)}
 
 
-def cached(store, src, stamp, build):
+def remove_leftovers(store):
+    """Remove the private build folders (<store>.building-<pid>) of processes that died building this cache."""
+    for tmp in store.parent.glob(f"{store.name}.building-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cached(store, src, stamp, build, need=None):
     """(sizes of the cached parts, notes). Unless store/meta.json matches the source files, build(folder, notes) runs
-    in a private folder that then replaces store, so a crash or a second process never leaves a half-built cache."""
+    in a private folder that then replaces store, so a crash or a second process never leaves a half-built cache.
+    need: the bytes the cache will take, if known, for the message when the disk is too full (DataError)."""
+    if store.parent.is_dir():                   # a killed build of this cache: its folder goes now
+        remove_leftovers(store)
     meta = json.loads((store / "meta.json").read_text()) if (store / "meta.json").exists() else {}
     if meta.get("version") == CACHE_VERSION and meta.get("source") == str(src) and meta.get("stamp") == stamp:
         return meta["sizes"], meta["notes"]
@@ -105,11 +130,17 @@ def cached(store, src, stamp, build):
     notes = []
     try:
         sizes = build(tmp, notes)
+        meta = {"version": CACHE_VERSION, "source": str(src), "stamp": stamp, "sizes": sizes, "notes": notes}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    except OSError as e:                        # a full disk, a quota, a folder made read-only meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+        needs = f"it needs about {need / 1e9:.1f} GB, " if need else ""
+        raise DataError(f"cannot write the cache {store} ({e.strerror or e}; {needs}{free_space(store.parent)}): "
+                        f"free some space or pass --cache-dir <a folder with room>; nothing half-built is left") \
+            from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    meta = {"version": CACHE_VERSION, "source": str(src), "stamp": stamp, "sizes": sizes, "notes": notes}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     shutil.rmtree(store, ignore_errors=True)    # a cache of older source files
     try:
         os.replace(tmp, store)

@@ -10,6 +10,7 @@ check: tests/test_lra_data.py reads the real files through lra_data.load; tests/
 import os
 import pickle
 import re
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -43,6 +44,42 @@ def describe_folder(folder):
                     f"{', ...' * (len(others) > 3)})")
     no_metadata = " but no metadata/" if pngs and not (Path(folder) / "metadata").is_dir() else ""
     return f"found {' and '.join(what) or 'no files'}{no_metadata} in {folder}"
+
+
+def write_mark(folder, generator, params):
+    """Start GENERATED_MARK in `folder`: one line `generator(k=v, ...)` with every parameter of the run, so that a
+    folder stopped half way can be recognised, checked and completed (read_mark)."""
+    with open(Path(folder) / GENERATED_MARK, "w") as f:
+        f.write(f"{generator}({', '.join(f'{k}={v}' for k, v in params.items())})\n")
+
+
+def read_mark(folder):
+    """The parameters GENERATED_MARK's first line records ({} for a mark without them, None without a mark): ints
+    as ints, e.g. {"res": 32, "n": 2500, "contour_length": 14, "seed": 0, "per_batch": 1000}."""
+    path = Path(folder) / GENERATED_MARK
+    if not path.is_file():
+        return None
+    first = (path.read_text(errors="replace").splitlines() or [""])[0]
+    return {k: int(v) if re.fullmatch(r"-?\d+", v) else v for k, v in re.findall(r"(\w+)=([^,)\s]+)", first)}
+
+
+def free_space(path):
+    """'12.3 GB free' on the file system that holds path (or its nearest existing parent)."""
+    probe = Path(path).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    return f"{shutil.disk_usage(probe).free / 1e9:.1f} GB free"
+
+
+def process_alive(pid):
+    """Whether process `pid` still runs on this machine (a folder or file named after it is then still in use)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:                          # another user's process: alive
+        return True
+    return True
 
 
 def check_output_folder(folder):
@@ -184,13 +221,32 @@ def cifar_gray(data):                           # data: (n, 3072) uint8, R, G, B
 KNOWN_EMPTY = {"pathfinder32/curv_baseline/imgs/0/sample_172.png"}     # an empty PNG in lra_release (S4 skips it too)
 
 
+def grey_pixels(im, path):
+    """The 8-bit grey levels of a PIL image, exactly: mode L as it is; 1-bit (0 / 255), and RGB / RGBA / LA whose
+    channels are equal grey (alpha opaque) without rounding. Anything else (16-bit grey, colour, a palette) would be
+    clipped or weighted, so it raises DataError naming the file and its mode."""
+    if im.mode == "L":
+        return np.asarray(im)                                            # (side, side) uint8
+    if im.mode == "1":
+        return np.asarray(im.convert("L"))                               # 0 / 255, exact
+    if im.mode in ("RGB", "RGBA", "LA"):
+        a = np.asarray(im)                                               # (side, side, channels) uint8
+        colour, alpha = (a[..., :3], a[..., 3]) if im.mode == "RGBA" else (a[..., :1], a[..., 1]) \
+            if im.mode == "LA" else (a, None)
+        if (colour == colour[..., :1]).all() and (alpha is None or (alpha == 255).all()):
+            return np.ascontiguousarray(colour[..., 0])
+    raise DataError(f"{path}: a {im.mode} image ({'16-bit grey' if im.mode.startswith('I') else 'not 8-bit grey'}); "
+                    f"the Pathfinder images are 8-bit grey and are read exactly, never converted with loss: "
+                    f"convert them to 8-bit grey yourself, or generate the data again")
+
+
 def read_pngs(job):                             # runs in worker processes: (paths, side) -> (k, side²) uint8
     paths, side = job
     out = np.empty((len(paths), side * side), np.uint8)
     for k, path in enumerate(paths):
         try:
             with Image.open(path) as im:
-                pixels = np.asarray(im if im.mode == "L" else im.convert("L"))     # (side, side) uint8
+                pixels = grey_pixels(im, path)                           # (side, side) uint8
         except (OSError, ValueError, SyntaxError) as e:           # missing, empty, truncated or not an image
             raise DataError(f"{path}: cannot read this image ({e}); download or generate the data again") from None
         if pixels.shape != (side, side):

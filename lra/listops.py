@@ -7,13 +7,14 @@ check:  evaluate_listops reproduces all 10,000 labels of the original ListOps te
 """
 import random
 import re
+import shutil
 import statistics
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from lra.files import EOS, GENERATED_MARK, N_SPECIAL, DataError, check_output_folder, note_if, plural
+from lra.files import EOS, GENERATED_MARK, N_SPECIAL, DataError, check_output_folder, note_if, plural, read_mark, write_mark
 
 LISTOPS_SYMBOLS = [str(d) for d in range(10)] + ["[MIN", "[MAX", "[MED", "[SM", "]"]
 LISTOPS_ID = {s: N_SPECIAL + i for i, s in enumerate(LISTOPS_SYMBOLS)}     # "0" -> 4 ... "]" -> 18
@@ -66,19 +67,27 @@ def generate_listops(root, n_train=96000, n_val=2000, n_test=2000, seed=0, *,
                      min_length=500, max_length=2000, max_depth=10, max_args=10):
     """LRA's ListOps generator: distinct trees with min_length < length < max_length, written as
     root/listops-1000/basic_{train,val,test}.tsv in the release format (header Source\\tTarget); returns that folder.
-    Like generate_pathfinder it writes only into an absent, empty or own folder and never overwrites a file
-    (FileExistsError); ValueError for max_length - min_length < 2."""
+    Like generate_pathfinder it writes only into an absent, empty or own folder (GENERATED_MARK records every
+    parameter) and never overwrites a file (FileExistsError); each file is written whole (a temporary, then
+    renamed), and a folder of ours with the same parameters that a stopped run left without all three files is
+    completed (the same trees: the generator is deterministic). ValueError for max_length - min_length < 2."""
     if max_length - min_length < 2:
         raise ValueError("need max_length - min_length >= 2")
     folder = Path(root) / "listops-1000"
     check_output_folder(folder)
-    if existing := [f for f in (folder / f"basic_{p}.tsv" for p in ("train", "val", "test")) if f.exists()]:
+    params = dict(n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, min_length=min_length,
+                  max_length=max_length, max_depth=max_depth, max_args=max_args)
+    files = {p: folder / f"basic_{p}.tsv" for p in ("train", "val", "test")}
+    ours = read_mark(folder) == params                    # a run of these parameters started here: complete it
+    if (existing := [f for f in files.values() if f.exists()]) and not ours:
         raise FileExistsError(f"{existing[0]} already exists; the generator never overwrites a file: delete {folder} "
                               f"if it made it ({GENERATED_MARK} is there), or generate elsewhere")
+    fresh = not folder.exists() or not any(folder.iterdir())
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / GENERATED_MARK, "a") as f:
-        f.write(f"generate_listops(seed={seed}, {n_train}/{n_val}/{n_test}, "
-                f"{min_length} < length < {max_length}, depth <= {max_depth})\n")
+    if not ours:
+        write_mark(folder, "generate_listops", params)
+    for tmp in folder.glob("*.tmp"):                      # a write a stopped run left unfinished
+        tmp.unlink()
     rng = random.Random(seed)
     n = n_train + n_val + n_test
     trees = {}                                                   # dict: dedup, keeps generation order
@@ -89,10 +98,20 @@ def generate_listops(root, n_train=96000, n_val=2000, n_test=2000, seed=0, *,
                 trees[s] = value
                 bar.update()
     rows = list(trees.items())
-    for part, lo, hi in (("train", 0, n_train), ("val", n_train, n_train + n_val), ("test", n_train + n_val, n)):
-        with open(folder / f"basic_{part}.tsv", "x") as f:                  # "x": FileExistsError, never overwrite
-            f.write("Source\tTarget\n")
-            f.writelines(f"{s}\t{v}\n" for s, v in rows[lo:hi])
+    bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, n)}
+    try:
+        for part, (lo, hi) in bounds.items():
+            if files[part].exists():
+                continue
+            tmp = files[part].with_suffix(".tmp")
+            with open(tmp, "x") as f:                                    # "x": FileExistsError, never overwrite
+                f.write("Source\tTarget\n")
+                f.writelines(f"{s}\t{v}\n" for s, v in rows[lo:hi])
+            tmp.rename(files[part])
+    except OSError:
+        if fresh:                                                         # a full disk: give back what was written
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
 
 

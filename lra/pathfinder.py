@@ -10,7 +10,9 @@ import contextlib
 import io
 import math
 import multiprocessing
+import os
 import random
+import shutil
 import signal
 import time
 from bisect import bisect_right
@@ -22,7 +24,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from lra.files import GENERATED_MARK, check_output_folder
+from lra.files import GENERATED_MARK, check_output_folder, read_mark, write_mark
 
 # Names used below (y, x = row, column; the repo's shape legend B, L, D, ... does not apply in this file):
 #   dash        one short anti-aliased line segment ("paddle" in snakes2); a path ("snake") is a chain of dashes
@@ -398,14 +400,29 @@ def _exclusive(path, out):      # a new file opened for writing, or FileExistsEr
         raise _exists(path, out) from None
 
 
+# images per second per core of this generator, measured on a CPU here (results/generator_speed.txt): the time a
+# large set will take is printed before it starts
+IMAGES_PER_CORE_S = {32: 265.0, 128: 17.0, 256: 229.0}
+PARENT = {"pid": None}          # a pool worker's parent: if it dies (SIGKILL, the OOM killer), the worker stops
+
+
+def start_worker(parent):
+    """A pool worker's initializer: Ctrl-C is the parent's (it stops the pool), and the parent's pid is kept."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    PARENT["pid"] = parent
+
+
 def _write_batch(job):
-    """Render batch k as imgs/<k>/sample_<j>.png and metadata/<k>.npy (plain text, the 11 fields of snakes2)."""
+    """Render batch k as imgs/<k>/sample_<j>.png and metadata/<k>.npy (plain text, the 11 fields of snakes2); the
+    metadata last, so only finished batches have it. A worker whose parent died stops before its next image."""
     out, res, contour_length, seed, k, labels = job
     p = PARAMS[res]
     rng = random.Random(f"pathfinder/{seed}/{res}/{contour_length}/{k}")   # per batch: same bytes for any workers
     (out / "imgs" / str(k)).mkdir(parents=True, exist_ok=True)
     lines = []
     for j, label in enumerate(labels):
+        if PARENT["pid"] is not None and os.getppid() != PARENT["pid"]:
+            raise SystemExit(1)                          # orphaned: nobody will read what it would write
         img, info = pathfinder_image(rng, res, contour_length, label, details=True)
         with _exclusive(out / "imgs" / str(k) / f"sample_{j}.png", out) as f:
             Image.fromarray(img).save(f, format="PNG")
@@ -421,37 +438,66 @@ def _write_batch(job):
     return len(labels)
 
 
+def pathfinder_folder(root, res, contour_length):
+    """root/pathfinder{res}/<the release's folder name of that contour length>."""
+    name = next((d.folder for d in DIFFICULTIES.values() if d.contour_length == contour_length),
+                f"curv_contour_length_{contour_length}")
+    return Path(root) / f"pathfinder{res}" / name
+
+
+def unfinished_batches(out, params):
+    """The batches k < ⌈n / per_batch⌉ of a folder generated with `params` (read_mark) that have no metadata yet:
+    a run stopped or killed before it finished them."""
+    n, per_batch = params["n"], params.get("per_batch", 1000)
+    return [k for k in range(-(-n // per_batch)) if not (out / "metadata" / f"{k}.npy").exists()]
+
+
 def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers=1, per_batch=1000):
     """Write n images, labels exactly balanced and shuffled, as root/pathfinder{res}/<difficulty folder>/{imgs/<k>/
     sample_<j>.png (uint8 res × res), metadata/<k>.npy (text)}, the LRA release layout; returns that folder.
-    The folder must be absent, empty, or made by a generator here (GENERATED_MARK, written first); no file is ever
-    overwritten. Raises ValueError for a res not in PARAMS or contour_length < 3, FileExistsError otherwise."""
+    The folder must be absent, empty, or made by this generator (GENERATED_MARK, written first, records every
+    parameter); a folder it made with the same parameters but left unfinished (a stopped or killed run) is completed:
+    its unfinished batches are made again, byte for byte as they would have been. No other file is overwritten.
+    Out of space (OSError) in a folder this call created: the folder is removed before the error goes on.
+    Raises ValueError for a res not in PARAMS or contour_length < 3, FileExistsError otherwise."""
     if res not in PARAMS or contour_length < 3:
         raise ValueError(f"pathfinder generator: res must be one of {sorted(PARAMS)} and contour_length >= 3, "
                          f"got res={res}, contour_length={contour_length}")
-    name = next((d.folder for d in DIFFICULTIES.values() if d.contour_length == contour_length),
-                f"curv_contour_length_{contour_length}")
-    out = Path(root) / f"pathfinder{res}" / name
+    out = pathfinder_folder(root, res, contour_length)
     check_output_folder(out)
+    params = dict(res=res, n=n, contour_length=contour_length, seed=seed, per_batch=per_batch)
+    mark = read_mark(out)
     labels = [j % 2 for j in range(n)]
     random.Random(f"pathfinder/{seed}/{res}/{contour_length}/labels").shuffle(labels)
     jobs = [(out, res, contour_length, seed, k, labels[j:j + per_batch]) for k, j in enumerate(range(0, n, per_batch))]
-    targets = [out / "metadata" / f"{k}.npy" for k in range(len(jobs))]     # checked before anything is written;
-    targets += [out / "imgs" / str(j // per_batch) / f"sample_{j % per_batch}.png" for j in range(n)]   # and each write
-    if existing := next((t for t in targets if t.exists()), None):
-        raise _exists(existing, out)
-    (out / "metadata").mkdir(parents=True, exist_ok=True)
-    with open(out / GENERATED_MARK, "a") as f:
-        f.write(f"generate_pathfinder(res={res}, n={n}, contour_length={contour_length}, seed={seed})\n")
-    with tqdm(total=n, desc=f"pathfinder{res}/{out.name}", unit="img") as bar, \
-            multiprocessing.Pool(workers, ignore_ctrl_c) if workers > 1 else contextlib.nullcontext() as pool:
-        for done in pool.imap_unordered(_write_batch, jobs) if pool else map(_write_batch, jobs):
-            bar.update(done)
+    fresh = mark is None
+    if mark is not None and {**dict(per_batch=1000), **mark} == params:     # ours, same run: complete it
+        todo = unfinished_batches(out, params)
+        for k in todo:                                   # an unfinished batch of ours: its files are made again
+            shutil.rmtree(out / "imgs" / str(k), ignore_errors=True)
+            (out / "metadata" / f"{k}.tmp").unlink(missing_ok=True)
+        jobs = [jobs[k] for k in todo]
+    else:
+        targets = [out / "metadata" / f"{k}.npy" for k in range(len(jobs))]    # checked before anything is written;
+        targets += [out / "imgs" / str(j // per_batch) / f"sample_{j % per_batch}.png" for j in range(n)]   # and later
+        if existing := next((t for t in targets if t.exists()), None):
+            raise _exists(existing, out)
+        fresh = fresh and not (out.is_dir() and any(out.iterdir()))
+        made = next((p for p in (out.parent, out) if not p.exists()), None)     # what a failure gives back
+        (out / "metadata").mkdir(parents=True, exist_ok=True)
+        write_mark(out, "generate_pathfinder", params)
+    try:
+        with tqdm(total=sum(len(j[-1]) for j in jobs), desc=f"pathfinder{res}/{out.name}", unit="img") as bar, \
+                multiprocessing.Pool(workers, start_worker, (os.getpid(),)) if workers > 1 and len(jobs) > 1 \
+                else contextlib.nullcontext() as pool:
+            for done in pool.imap_unordered(_write_batch, jobs) if pool else map(_write_batch, jobs):
+                bar.update(done)
+    except OSError:
+        if fresh:                                       # a full disk: give back what this call wrote
+            for child in [made] if made else list(out.iterdir()):
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
+        raise
     return out
-
-
-def ignore_ctrl_c():                      # a worker's initializer: Ctrl-C is the parent's, which stops the pool
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def measure_speed(res=32, contour_length=14, seconds=3.0):

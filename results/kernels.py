@@ -52,11 +52,14 @@ def main(argv=None):
     p.add_argument("--length", type=int, default=None, help="kernel length L (default: the run's longest input)")
     p.add_argument("--clean", action="store_true",
                    help="afterwards delete the checkpoints (*.pt) of every finished run")
+    p.error = lambda message: (print(f"kernels.py: error: {message}", file=sys.stderr), sys.exit(2))
     args = p.parse_args(argv)
+    if args.length is not None and args.length < 1:
+        p.error(f"--length {args.length} must be at least 1")
     runs = Path(args.runs)
     folders = sorted(f for f in runs.iterdir() if (f / "results.json").is_file()) if runs.is_dir() else []
     if not folders:
-        sys.exit(f"kernels.py: no finished run folders (with results.json) in {args.runs}")
+        p.error(f"no finished run folders (with results.json) in {args.runs}")
     for folder in folders:
         config = json.loads((folder / "config.json").read_text())
         if (config["model_name"] in ("s4", "dlr") and args.task in (None, config["task"])

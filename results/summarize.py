@@ -19,6 +19,7 @@ import argparse
 import json
 import re
 import statistics
+import sys
 import textwrap
 from collections import defaultdict
 from pathlib import Path
@@ -488,12 +489,15 @@ def main(argv=None):
     p.add_argument("--out", default=str(here), help="where summary.md and the .png plots go")
     p.add_argument("--title", default="Results: self pre-training (SPT) vs training from scratch (TFS)",
                    help="heading of summary.md")
+    p.error = lambda message: (print(f"summarize.py: error: {message}", file=sys.stderr), sys.exit(2))
     args = p.parse_args(argv)
     folders = [Path(f) for f in args.runs] if args.runs else [here / s for s in STUDIES if (here / s).is_dir()]
     for folder in folders or [here / STUDIES[0]]:
         if not folder.is_dir():
-            raise SystemExit(f"summarize.py: --runs {folder}: no such folder (it should hold train.py run folders)")
+            p.error(f"--runs {folder}: no such folder (it should hold train.py run folders)")
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out} is a file, not a folder: pass the folder for summary.md and the plots")
     out.mkdir(parents=True, exist_ok=True)
     for kind in ("val_acc", "data_fraction", "train_size", "kernels", "objectives"):  # plots of earlier runs
         for old in out.glob(f"*{kind}_*.png"):

@@ -72,12 +72,12 @@ def test_pixel_input_is_value_channel_plus_mask_indicator():
 
 def test_value_targets_are_scored_by_l1_and_class_targets_by_cross_entropy():
     target = torch.randn(1024, generator=torch.Generator().manual_seed(0))          # (M,) float: Image values
-    assert denoise.loss(target[:, None].clone(), target).item() < 1e-6, "a perfect value prediction must score 0"
-    mean = denoise.loss(torch.full((1024, 1), target.mean().item()), target).item()
+    assert denoise.losses(target[:, None].clone(), target).mean().item() < 1e-6, "a perfect value prediction: 0"
+    mean = denoise.losses(torch.full((1024, 1), target.mean().item()), target).mean().item()
     torch.testing.assert_close(mean, (target - target.mean()).abs().mean().item(), msg="float targets use L1")
     ids = torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(1))   # (M,) long: classes
     logits = torch.randn(64, 10, generator=torch.Generator().manual_seed(2))
-    torch.testing.assert_close(denoise.loss(logits, ids), torch.nn.functional.cross_entropy(logits, ids))
+    torch.testing.assert_close(denoise.losses(logits, ids).mean(), torch.nn.functional.cross_entropy(logits, ids))
 
 
 def test_causal_targets_are_shifted_exactly_once():
@@ -89,8 +89,8 @@ def test_causal_targets_are_shifted_exactly_once():
     assert torch.equal(mask.sum(1), lengths - 1), "every real position but the last has a target"
     one_hot = lambda ids: 50.0 * torch.nn.functional.one_hot(ids, 260).float()   # (..., V) confident logits
     next_tok = torch.cat([x[:, 1:], x[:, :1]], 1)                                # what position t should predict
-    perfect = denoise.loss(one_hot(next_tok)[mask], target[mask]).item()
-    copy = denoise.loss(one_hot(x)[mask], target[mask]).item()
+    perfect = denoise.losses(one_hot(next_tok)[mask], target[mask]).mean().item()
+    copy = denoise.losses(one_hot(x)[mask], target[mask]).mean().item()
     assert perfect < 1e-4, \
         f"a perfect next-token predictor scores {perfect:.4f}, want ≈ 0 (targets shifted twice or never?)"
     assert copy > 10, f"a copy-the-input predictor scores {copy:.4f}, want large (targets not shifted?)"
@@ -263,13 +263,18 @@ def test_rtd_discriminator_loss_covers_every_real_position_and_no_pad():
     assert torch.equal(disc, disc_noisy), "the discriminator's loss changed with its logits at pads"
 
 
-def test_rtd_loss_is_the_generator_mean_plus_lambda_times_the_discriminator_mean():
+def test_rtd_training_loss_is_the_generator_mean_plus_lambda_times_the_discriminator_mean():
+    # the loss training takes (heads.batch_loss, over rows and micro-batches), against the two means by hand
+    import heads
     rtd, (x_masked, lengths, original, mask, u, real) = token_rtd(True), token_batch()
+    b = denoise.Batch(x_masked, lengths, original, mask.float(), u, denoise.RTD_WEIGHT)
+    loss = heads.batch_loss(rtd, b)[0]
     gen_logits, disc_logits, labels = rtd(x_masked, lengths, original, mask, u)
     l_gen = F.cross_entropy(gen_logits[mask].float(), original[mask])
     l_disc = F.binary_cross_entropy_with_logits(disc_logits[real].float(), labels[real].float())
-    torch.testing.assert_close(denoise.rtd_loss(gen_logits, disc_logits, labels, original, mask, real),
-                               l_gen + denoise.RTD_WEIGHT * l_disc, msg="loss != L_gen + λ L_disc")
+    torch.testing.assert_close(loss, l_gen + denoise.RTD_WEIGHT * l_disc, msg="loss != L_gen + λ L_disc")
+    halves = sum(heads.batch_loss(rtd, b, rows)[0] for rows in (slice(0, B // 2), slice(B // 2, B)))
+    torch.testing.assert_close(halves, loss, msg="two halves of the rows do not add up to the batch loss")
 
 
 def test_an_oracle_discriminator_scores_zero_loss():

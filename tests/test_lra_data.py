@@ -15,7 +15,7 @@ from PIL import Image
 import lra_data
 from lra import files as lra_files
 from lra import pathfinder
-from lra.listops import generate_listops
+from lra.listops import LISTOPS_ID, generate_listops, listops_tokens
 from lra.pathfinder import generate_pathfinder
 from lra_data import EOS, PAD, TASKS, DataError, collate, load, normalize
 from conftest import shared_file
@@ -41,10 +41,10 @@ def test_listops_loader_keeps_closing_bracket_in_both_file_formats(shared_data, 
     assert len(a) == len(b) == 300 and a.labels.tolist() == b.labels.tolist() == [int(l.split("\t")[0]) for l in lines]
     n_brackets = 0
     for i in range(300):
-        x, tokens = a[i][0], lra_data.listops_tokens(lines[i].split("\t")[1])
+        x, tokens = a[i][0], listops_tokens(lines[i].split("\t")[1])
         assert torch.equal(x, b[i][0]), "the two file formats tokenise differently"
         assert x[-1] == EOS and len(x) == len(tokens) + 1
-        n_close = int((x == lra_data.LISTOPS_ID["]"]).sum())
+        n_close = int((x == LISTOPS_ID["]"]).sum())
         assert n_close == sum(t.startswith("[") for t in tokens), "']' was dropped"
         n_brackets += n_close
         assert int(x.max()) < TASKS["listops"].vocab_size == 19
@@ -236,13 +236,14 @@ def test_max_len_cuts_documents_to_max_len_with_eos_and_refuses_listops(tmp_path
         load("listops", "train", tmp_path, max_len=8)
 
 
-def test_data_fraction_subsets_nest_and_leave_val_and_test_alone(shared_data, tmp_path):
+def test_data_fraction_and_max_train_subsets_nest_and_leave_val_and_test_alone(shared_data, tmp_path):
     root = shared_file(shared_data, "text/aclImdb_sample")
     sets = [set(load("text", "train", root, data_fraction=f, cache_dir=tmp_path).index.tolist())
             for f in (0.1, 0.5, 1.0)]
     assert [len(s) for s in sets] == [45, 225, 450] and sets[0] < sets[1] < sets[2], "subsets do not nest"
-    other_seed = set(load("text", "train", root, data_fraction=0.1, seed=1, cache_dir=tmp_path).index.tolist())
-    assert other_seed != sets[0]
+    capped = [set(load("text", "train", root, data_fraction=0.5, keep=k, cache_dir=tmp_path).index.tolist())
+              for k in (10, 100)]                                      # --max-train within --data-fraction
+    assert [len(s) for s in capped] == [10, 100] and capped[0] < capped[1] < sets[1], "caps do not nest"
     val = load("text", "val", root, data_fraction=0.1, cache_dir=tmp_path)
     assert len(val) == 50 and not set(val.index.tolist()) & sets[2]
 
@@ -366,19 +367,28 @@ def test_generation_refuses_a_folder_holding_files_it_did_not_make(tmp_path):
     assert sorted(p.name for p in listops.iterdir()) == ["basic_train.tsv"], "files were added next to it"
 
 
-def test_generation_never_overwrites_a_file_even_in_its_own_folder(tmp_path):
+def test_a_half_made_generated_folder_is_refused_or_completed_and_no_file_is_overwritten(tmp_path):
+    # a run killed while generating: the mark records what was asked, the folder holds less
     folder = generate_listops(tmp_path, 20, 2, 2, min_length=10, max_length=60)
-    (folder / "basic_test.tsv").unlink()                                     # our folder, one file lost
+    whole = snapshot(folder)
+    (folder / "basic_test.tsv").unlink()                                     # our folder, one file never written
     before = snapshot(folder)
-    one_line_error(lambda: load("listops", "train", tmp_path, generate=24, cache_dir=tmp_path / "c"),
-                   f"{folder / 'basic_train.tsv'} already exists", "never overwrites")
-    assert snapshot(folder) == before, "our own ListOps folder was changed"
-    pf = generate_pathfinder(tmp_path, n=4, per_batch=4)
-    (pf / "metadata" / "0.npy").unlink()                                     # as if interrupted mid-batch
+    one_line_error(lambda: load("listops", "train", tmp_path, generate=30, cache_dir=tmp_path / "c"),
+                   f"{folder} holds 22 of the 24 examples", "--generate 24")
+    one_line_error(lambda: load("listops", "train", tmp_path, cache_dir=tmp_path / "c"), "never trained on")
+    assert snapshot(folder) == before, "a refused half-made folder was changed"
+    load("listops", "train", tmp_path, generate=24, cache_dir=tmp_path / "c")   # the command the message gives
+    assert snapshot(folder) == whole, "completing the folder did not give the files an uninterrupted run writes"
+    pf = generate_pathfinder(tmp_path, n=12, per_batch=4)
+    whole = snapshot(pf)
+    (pf / "metadata" / "1.npy").unlink()                                     # as if killed mid-batch
+    (pf / "imgs" / "1" / "sample_3.png").unlink()
     before = snapshot(pf)
     one_line_error(lambda: load("pathfinder", "train", tmp_path, generate=20, cache_dir=tmp_path / "c"),
-                   "sample_0.png already exists")
-    assert snapshot(pf) == before, "our own Pathfinder folder was changed"
+                   f"{pf} holds 8 of the 12 examples", "--generate 12")
+    assert snapshot(pf) == before, "a refused half-made Pathfinder folder was changed"
+    load("pathfinder", "train", tmp_path, generate=12, cache_dir=tmp_path / "c", workers=2)
+    assert snapshot(pf) == whole, "the completed batch differs from the uninterrupted run's"
 
 
 def test_generation_refuses_a_data_dir_that_is_a_difficulty_folder_itself(tmp_path):

@@ -80,7 +80,8 @@ def test_paper_preset_model_trains_one_step_at_reduced_length(model, task):
     if model == "transformer" and cfg.local_min_len <= lra_data.TASKS[task].max_len:   # PathX, PathX-256
         cfg = dataclasses.replace(cfg, block_size=L * cfg.block_size // cfg.local_min_len, local_min_len=L)
     classifier = paper_classifier(model, task, cfg).train()
-    batch = heads.finetune_inputs(short_batch(task, 2, torch.Generator().manual_seed(0)), task, torch.device("cpu"))
+    batch = heads.finetune_inputs(short_batch(task, 2, torch.Generator().manual_seed(0)), None, 0.0, task,
+                                  torch.device("cpu"))
     loss, _ = heads.batch_loss(classifier, batch)
     loss.backward()
     assert math.isfinite(loss.item()), f"{model}/{task}: loss {loss.item()} at L = {L}"
@@ -127,8 +128,8 @@ def test_readme_prints_the_paper_preset_parameter_counts():
 def test_committed_table_of_paper_presets_and_their_sources_is_current():
     import presets
     table = (README.parent / "results" / "paper_presets.md").read_text(encoding="utf-8").splitlines()
-    rows = presets.paper_table()
-    assert all(row in table for row in rows), "results/paper_presets.md is stale: python presets.py > it"
+    rows = presets.paper_table(train.MODELS)
+    assert all(row in table for row in rows), "results/paper_presets.md is stale: python presets.py --out results/paper_presets.md"
     for row in rows[2:]:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert all(cells) and "None" not in cells and ":" in cells[-1], f"a value or its source is missing: {row}"
@@ -146,7 +147,7 @@ def test_paper_preset_micro_batch_keeps_the_papers_batch(model, task):
 def test_an_explicit_batch_size_is_split_to_the_micro_batch_that_fits_not_the_presets_count():
     def settings(*flags):
         args = train.parse_flags(["--model", "s4", "--task", "retrieval", "--preset", "paper", *flags])[0]
-        train.apply_presets(args)
+        presets.apply(args, train.MODELS[args.model])
         return args.batch_size, args.accum_steps
 
     most = presets.MAX_MICRO_BATCH["s4", "retrieval", "finetune"]

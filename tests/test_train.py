@@ -1,6 +1,7 @@
 """Facts about train.py: every model trains with and without --spt on generated data, the pre-trained backbone is
 really the one fine-tuned, checkpoints reload exactly, optimiser groups are a partition. Long runs (DDP, resume, NaN
 guard, bad input, --compile, memory): tests/test_robustness.py."""
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -57,7 +58,7 @@ SMALL_PAPER = ["--d-model", "16", "--n-layers", "1", "--d-state", "16", "--batch
                "--max-eval", "8", "--generate", "0"]
 
 
-@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+@pytest.mark.parametrize("model", list(train.MODELS))
 @pytest.mark.parametrize("task", ["pathfinder", "listops"])
 def test_tiny_spt_run_completes_and_denoising_loss_drops(model, task, data_dir, tmp_path):
     results, run_dir = run(data_dir, tmp_path, "--model", model, "--task", task, "--spt", "--pretrain-epochs", "3",
@@ -69,7 +70,7 @@ def test_tiny_spt_run_completes_and_denoising_loss_drops(model, task, data_dir, 
     assert {p.name for p in run_dir.iterdir()} >= {"config.json", "log.jsonl", "spt.pt", "best.pt", "results.json"}
 
 
-@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+@pytest.mark.parametrize("model", list(train.MODELS))
 @pytest.mark.parametrize("task", ["pathfinder", "listops"])
 def test_tiny_run_from_scratch_completes(model, task, data_dir, tmp_path):
     results, run_dir = run(data_dir, tmp_path, "--model", model, "--task", task, "--epochs", "3")
@@ -83,7 +84,7 @@ def test_tiny_run_from_scratch_completes(model, task, data_dir, tmp_path):
             f"{model}/pathfinder: loss left the ln 2 plateau oddly: {losses}"
 
 
-@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+@pytest.mark.parametrize("model", list(train.MODELS))
 @pytest.mark.parametrize("objective, task", [("span", "listops"), ("rtd", "listops"), ("span", "pathfinder"),
                                              ("rtd", "pathfinder")])
 def test_tiny_run_of_each_new_objective_pre_trains_fine_tunes_and_tests(model, objective, task, data_dir, tmp_path):
@@ -109,7 +110,7 @@ def test_tiny_spt_run_on_retrieval_pairs_and_image_values(task, fake_release, tm
     assert metric in results["spt_val_metric"], f"{task}: SPT metrics {results['spt_val_metric']} lack {metric}"
 
 
-@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+@pytest.mark.parametrize("model", list(train.MODELS))
 def test_tiny_causal_spt_run_with_a_causal_model(model, data_dir, tmp_path):
     results, run_dir = run(data_dir, tmp_path, "--model", model, "--task", "listops", "--spt", "--objective", "causal",
                            "--causal", "--pool", "last", "--pretrain-epochs", "3", "--epochs", "1")
@@ -126,7 +127,7 @@ def test_fine_tuning_starts_from_the_pre_trained_backbone(data_dir, tmp_path, mo
         out = load_backbone(model, state)
         loaded.update({k: v.clone() for k, v in model.state_dict().items()})
         return out
-    monkeypatch.setattr(train, "load_backbone", spy)
+    monkeypatch.setattr(heads, "load_backbone", spy)
     results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--epochs", "1",
                            "--pretrain-epochs", "2")
     spt = torch.load(run_dir / "spt.pt", weights_only=True)["model"]
@@ -157,10 +158,10 @@ def test_saved_checkpoint_reloads_to_identical_logits_and_test_accuracy(data_dir
     assert acc == results["test_acc"], f"reloaded best.pt scores {acc} on test, the run reported {results['test_acc']}"
 
 
-@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+@pytest.mark.parametrize("model", list(train.MODELS))
 def test_one_batch_overfits(model):
     torch.manual_seed(0)
-    Config, Model, ssm_names = train.MODELS[model]
+    Config, ssm_names = train.MODELS[model].Config, train.MODELS[model].ssm_params
     small = dict(d_model=32, n_layers=2, d_state=16, dropout=0.0, vocab_size=19)
     config = Config(**{k: v for k, v in small.items() if k in {f.name for f in dataclasses.fields(Config)}})
     meta = dict(model_name=model, config=dataclasses.asdict(config),
@@ -179,9 +180,9 @@ def test_one_batch_overfits(model):
     assert losses[-1] < 0.5 * losses[0], f"{model}: loss {losses[0]:.3f} -> {losses[-1]:.3f} in 50 steps on one batch"
 
 
-@pytest.mark.parametrize("model", ["transformer", "s4", "dlr"])
+@pytest.mark.parametrize("model", list(train.MODELS))
 def test_param_groups_put_each_parameter_in_exactly_one_group(model):
-    Config, Model, ssm_names = train.MODELS[model]
+    Config, Model, ssm_names = train.MODELS[model][:3]
     cfg = Config(d_model=16, n_layers=2, vocab_size=19)
     net = heads.Classifier(Model(cfg), 16, 10, "mean", pair=False)
     groups = train.param_groups(net, 1e-3, 0.05, 1e-4, ssm_names)
@@ -220,7 +221,7 @@ def test_pooling_reads_real_positions_only():
 
 
 def test_load_backbone_refuses_any_unexpected_difference():
-    Config, Model, _ = train.MODELS["dlr"]
+    Config, Model = train.MODELS["dlr"][:2]
     cfg = Config(d_model=8, n_layers=1, d_state=4, vocab_size=19)
     source = heads.Denoiser(Model(cfg), 8, 19).state_dict()
     target = heads.Classifier(Model(cfg), 8, 10, "mean", pair=False)
@@ -288,7 +289,8 @@ def test_masked_spt_never_masks_the_eos_token(data_dir):
     eos = torch.arange(x.size(1))[None, :] == (lengths - 1)[:, None]          # (B, L)
     assert (x[eos] == lra_data.EOS).all()
     for seed in range(20):                                 # many draws at a ratio so high that EOS would be hit
-        b = heads.spt_inputs(batch, "listops", torch.device("cpu"), torch.Generator().manual_seed(seed), ratio=0.9)
+        clean = heads.clean_batch(batch, "listops", torch.device("cpu"))
+        b = denoise.masked(clean, argparse.Namespace(mask_ratio=0.9), torch.Generator().manual_seed(seed), 0.0)
         mask = b.weight.bool()
         assert not (mask & eos).any(), "an EOS position was masked"
         assert mask.any(1).all() and (b.x[mask] == lra_data.MASK).all()
@@ -301,3 +303,22 @@ def test_causal_run_of_a_batchnorm_preset_uses_layernorm_and_says_so(data_dir, t
     config = json.loads((run_dir / "config.json").read_text())["config"]
     assert config["norm"] == "layer" and not config["bidirectional"], config
     assert "LayerNorm instead of the preset's BatchNorm" in (run_dir / "log.txt").read_text()
+
+
+@pytest.mark.parametrize("model", list(train.MODELS))
+def test_residual_stream_dtype_is_the_same_on_a_pixel_and_a_token_task_under_autocast(model):
+    # the pixel encoder is a Linear (autocast: bf16), the token encoder an Embedding (float32): both must give one dtype
+    seen = {}
+    for task, x in (("pathfinder", torch.randn(2, 32, 2)), ("listops", torch.randint(4, 19, (2, 32)))):
+        cfg = train.model_config(model, task, dict(d_model=16, n_layers=2, d_state=8, n_heads=2, d_ff=32,
+                                                   dropout=0.0))
+        net = train.MODELS[model].build(cfg)
+        dtypes = []
+        for layer in net.layers:
+            layer.register_forward_hook(lambda mod, inp, out: dtypes.append((inp[0].dtype, out.dtype)))
+        with torch.autocast("cpu", torch.bfloat16):
+            net(x)
+            assert net.encoder(x).dtype == (torch.bfloat16 if task == "pathfinder" else torch.float32), \
+                "autocast did not cast the pixel encoder: the test proves nothing"
+        seen[task] = set(dtypes)
+    assert seen["pathfinder"] == seen["listops"] == {(torch.float32, torch.float32)}, seen

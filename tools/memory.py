@@ -140,11 +140,12 @@ def training_case(model_name, task, values, phase, B, L):
              torch.randn(*shape, cfg.d_input, device=device))                       # ids, or (..., L, 2) pixels
         lengths = torch.full(shape[:-1], L, device=device) if cfg.vocab_size else None   # (B,), (B, 2), (2B,)
         if phase == "finetune":
-            return denoise.loss(model(x, lengths), torch.randint(0, spec.n_classes, (B,), device=device))
+            y = torch.randint(0, spec.n_classes, (B,), device=device)
+            return heads.batch_loss(model, denoise.Batch(x, lengths, y, torch.ones(B, device=device)))[0]
         target = (torch.rand(rows, L, device=device) if n_out == 1 else
                   torch.randint(0, n_out, (rows, L), device=device))                # (rows, L)
         weight = (torch.rand(rows, L, device=device) < spec.mask_ratio).float()     # 1 where masked
-        return denoise.loss(model(x, lengths), target, weight)                       # predictions (rows, L, n_out)
+        return heads.batch_loss(model, denoise.Batch(x, lengths, target, weight))[0]   # the training loss itself
     return (lambda: train.build_model(meta)), forward
 
 
@@ -189,7 +190,8 @@ def accum_to_fit(model_name, task, phase, precision="bf16"):
 def memory_table():
     """Every --preset paper model × task × phase in both precisions, with the accum_steps that fit in bf16."""
     rows = []
-    for model_name, task, phase in [(m, t, p) for m in train.MODELS for t in lra_data.TASKS for p in PHASES]:
+    paper = [m for m, entry in train.MODELS.items() if entry.paper]       # a model without paper values: no row
+    for model_name, task, phase in [(m, t, p) for m in paper for t in lra_data.TASKS for p in PHASES]:
         est = {precision: paper_memory(model_name, task, phase, precision) for precision in PRECISIONS}
         keep = ("n_params", "L", "batch", "accum_steps", "micro_batch")
         rows.append(dict(model=model_name, task=task, phase=phase, **{k: est["bf16"][k] for k in keep},

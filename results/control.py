@@ -1,0 +1,123 @@
+"""results/control.py: the CPU-scale study with its control, on Text (real IMDB): is self pre-training better than
+training from scratch, and better than training from scratch for as long?
+arms, per model and seed:  TFS       fine-tune F epochs from random init
+                           TFS-long  from random init for P + F epochs: as many steps as the SPT run takes in all,
+                                     with the same schedule (warm-up, then constant) and evaluations
+                           SPT       masked denoising for P epochs, then fine-tune F epochs (the paper's method)
+setting: width 64 × 2 layers (N = 64), batch 16, AdamW lr 2e-3, 20 warm-up steps then constant, 4,000 training
+reviews cut to 511 bytes + EOS (250 steps an epoch), validation on the whole carved split (2,500 reviews) after
+every epoch, test on all 25,000 test reviews; F from the pilot (results/control/pilot/README.md), P = 3.
+The driver is resumable: a finished run is skipped, an unfinished one continued (--resume); run it again after a
+stop. Checkpoints are deleted once a run has finished, so the folders are small enough to commit.
+    python results/control.py --seeds 100 --arms tfs spt --finetune-epochs 10 --out results/control/pilot  # pilot
+    python results/control.py --seeds 0 1 2 3 4 5 --jobs 2        # about 4-5 h on 2 cores
+    python results/summarize.py                                   # summary.md, with this study's intervals
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+MODELS = ["transformer", "s4", "dlr"]
+SETTING = ["--preset", "tiny", "--task", "text", "--max-len", "512", "--max-train", "4000", "--max-eval", "0",
+           "--d-model", "64", "--n-layers", "2", "--batch-size", "16", "--device", "cpu"]
+
+
+def arms(finetune, pretrain):
+    """{arm: the flags that make it}: TFS, TFS-long (as many steps as SPT + fine-tuning), SPT (masked)."""
+    return {"tfs": ["--epochs", str(finetune)], "tfs-long": ["--epochs", str(finetune + pretrain)],
+            "spt": ["--spt", "--pretrain-epochs", str(pretrain), "--epochs", str(finetune)]}
+
+
+def identity(args):
+    """What makes a run one cell of the study: (model, seed, spt, epochs, pretrain epochs if SPT)."""
+    return (args["model"], args["seed"], bool(args["spt"]), args["epochs"], args["pretrain_epochs"] if args["spt"]
+            else None)
+
+
+def existing(out):
+    """{identity: run folder} of the run folders under out (finished or not)."""
+    found = {}
+    for folder in sorted(out.glob("text-*")):
+        config = folder / "config.json"
+        if config.is_file():
+            found[identity(json.loads(config.read_text())["args"])] = folder
+    return found
+
+
+def command(model, seed, flags, args):
+    return [sys.executable, "train.py", *SETTING, "--model", model, "--seed", str(seed), *flags,
+            "--data-dir", str(args.data_dir), "--cache-dir", str(args.cache_dir), "--out", str(args.out)]
+
+
+def run_one(cmd, folder, log):
+    """Run (or resume) one train.py run, one thread; its console output goes to log; checkpoints deleted after."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}          # one core per process: two processes on two cores
+    cmd = [sys.executable, "train.py", "--resume", str(folder)] if folder else cmd
+    with open(log, "a") as f:
+        done = subprocess.run(cmd, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, env=env)
+    return done.returncode
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Run (or continue) the TFS / TFS-long / SPT study on Text.")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5], help="seeds to run")
+    p.add_argument("--models", nargs="+", choices=MODELS, default=MODELS)
+    p.add_argument("--arms", nargs="+", choices=["tfs", "tfs-long", "spt"], default=["tfs", "tfs-long", "spt"])
+    p.add_argument("--finetune-epochs", type=int, default=None, help="F (default: the pilot's, in pilot/README.md)")
+    p.add_argument("--pretrain-epochs", type=int, default=3, help="P: SPT epochs (750 steps)")
+    p.add_argument("--jobs", type=int, default=2, help="training processes at a time, one thread each")
+    p.add_argument("--out", default=str(HERE / "control"), help="the study folder (one folder per run inside)")
+    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "text"), help="IMDB")
+    p.add_argument("--cache-dir", default="/tmp/lra_cache", help="prepared arrays (not committed)")
+    p.add_argument("--console", default="/tmp/control_console", help="each run's console output (not committed: "
+                   "its log.txt holds the lines that matter)")
+    p.error = lambda m: (print(f"control.py: error: {m}", file=sys.stderr), sys.exit(2))
+    args = p.parse_args(argv)
+    args.out = Path(args.out)
+    if args.finetune_epochs is None:
+        pilot = args.out / "pilot" / "choice.json"
+        if not pilot.is_file():
+            p.error(f"no --finetune-epochs and no pilot choice in {pilot}: run the pilot first (see README.md)")
+        args.finetune_epochs = json.loads(pilot.read_text())["finetune_epochs"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    found = existing(args.out)
+    todo = []
+    for seed in args.seeds:                                # seed by seed: a stopped study has whole seeds first
+        for model in args.models:
+            for arm, flags in arms(args.finetune_epochs, args.pretrain_epochs).items():
+                if arm not in args.arms:
+                    continue
+                key = (model, seed, arm == "spt", int(flags[flags.index("--epochs") + 1]),
+                       args.pretrain_epochs if arm == "spt" else None)
+                folder = found.get(key)
+                if folder and (folder / "results.json").is_file():
+                    continue
+                todo.append((f"{arm}-{model}-s{seed}", command(model, seed, flags, args), folder))
+    print(f"{len(todo)} runs to do ({sum(1 for t in todo if t[2])} to resume), {args.jobs} at a time", flush=True)
+    logs = Path(args.console)
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def work(item):
+        name, cmd, folder = item
+        t0 = time.time()
+        code = run_one(cmd, folder, logs / f"{name}.txt")
+        print(f"{name}: exit {code} after {(time.time() - t0) / 60:.1f} min", flush=True)
+        return code
+    with ThreadPoolExecutor(args.jobs) as pool:
+        codes = list(pool.map(work, todo))
+    for folder in args.out.glob("text-*"):                 # finished runs keep their logs, not their checkpoints
+        if (folder / "results.json").is_file():
+            for ck in folder.glob("*.pt"):
+                ck.unlink()
+    return 1 if any(codes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""results/stats.py: the statistics behind the study's claims, in the standard library only.
+paired difference:  d_s = acc(arm A, seed s) − acc(arm B, seed s); both arms of a seed share its initialisation and
+                    batch order, so the seed is the unit: mean d̄ and a 95 % interval d̄ ± t_{0.975, n−1} · s_d / √n
+McNemar (exact):    per seed, on the two runs' predictions of the same test examples: b = A right and B wrong,
+                    c = B right and A wrong; p = min(1, 2 · P(X ≤ min(b, c))), X ~ Binomial(b + c, 1/2)
+Check: tests/test_results.py (against values computed by hand and from published tables).
+"""
+import math
+import statistics
+
+# t_{0.975, df}: the two-sided 95 % quantiles of Student's t (any statistics table), df 1..30; above 30 the
+# 1/df expansion of the normal quantile below is within 1e-3 of the table
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+Z975 = 1.959964
+
+
+def t975(df):
+    """The 0.975 quantile of Student's t with df degrees of freedom (df ≥ 1)."""
+    if df < 1:
+        raise ValueError(f"a t interval needs at least 2 values (df = {df})")
+    if df <= len(T975):
+        return T975[df - 1]
+    z = Z975                                                     # Cornish–Fisher expansion, two terms
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def interval(values):
+    """(mean, low, high) of the 95 % t interval of the mean of `values` (n ≥ 2)."""
+    n, mean = len(values), statistics.fmean(values)
+    half = t975(n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def binomial_tail(k, n):
+    """P(X ≤ k) for X ~ Binomial(n, 1/2), exactly (integers, then one division)."""
+    return sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+
+
+def mcnemar(a, b, truth):
+    """Exact two-sided McNemar test of two classifiers' predictions a, b (equal-length sequences) of the same examples
+    with labels `truth` -> (only a right, only b right, p)."""
+    only_a = sum(x == t != y for x, y, t in zip(a, b, truth))
+    only_b = sum(y == t != x for x, y, t in zip(a, b, truth))
+    n = only_a + only_b
+    return only_a, only_b, 1.0 if n == 0 else min(1.0, 2 * binomial_tail(min(only_a, only_b), n))
+
+
+def paired(per_seed):
+    """{seed: (acc A, acc B)} -> dict(diffs by seed, mean, low, high, n) of the paired differences A − B (points)."""
+    seeds = sorted(per_seed)
+    diffs = [100 * (per_seed[s][0] - per_seed[s][1]) for s in seeds]
+    mean, low, high = interval(diffs) if len(diffs) > 1 else (diffs[0], math.nan, math.nan)
+    return dict(seeds=seeds, diffs=diffs, mean=mean, low=low, high=high, n=len(diffs))

@@ -1,0 +1,257 @@
+"""steps.py: how one training step runs on the hardware, the GPU path under train.py's loop.
+precision:  --precision decided once: bf16 / fp16 autocast (+ gradient scaler), tf32, fp32; TF32 set explicitly
+DDP:        every process reads the whole global batch and keeps its rows (uneven shards allowed: the loss divides by
+            the global count), sums of metrics are added over processes; micro-batches split a step's rows
+guard:      a non-finite update is skipped on the device (fused AdamW's found_inf) and stops the run by name within
+            PROGRESS_STEPS steps; nothing per step reads a device value back to the host
+loaders:    a seeded order per epoch (its state in last.pt), pinned memory and persistent workers on CUDA
+Check: tests/test_robustness.py (2 and 3 processes equal 1, accumulation equals one batch, no host reads per step).
+"""
+import contextlib
+import os
+import sys
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+import lra_data
+from runs import fail
+from ssm import tf32_flag
+
+PROGRESS_STEPS = 25      # the progress bar and the non-finite guard read device values once every this many steps
+
+
+# ---- DDP: which rows of a batch are this process's, and sums over processes ----------------------------------------
+
+def rank_and_world():
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+def shard(n):
+    """(rows, keep): this process's contiguous share of a global batch of n examples (DDP; one process: all of it),
+    some processes one row more when n does not split evenly (the loss divides by the global count, so the gradient
+    stays the global-batch mean). Every process reads the whole global batch, so batches and SPT masks are those of
+    a 1-process run. A process left without rows computes row 0 with keep=False, to join the all-reduce."""
+    rank, world = rank_and_world()
+    start = rank * (n // world) + min(rank, n % world)
+    stop = start + n // world + (rank < n % world)
+    return (slice(start, stop), True) if stop > start else (slice(0, 1), False)
+
+
+def all_sum(total):
+    """Add up a dict of additive statistics (device tensors) over all DDP processes, on their device (gloo: CPU,
+    NCCL: CUDA), as one process would have them."""
+    if not dist.is_initialized():
+        return total
+    values = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in total.values()])
+    dist.all_reduce(values)
+    return dict(zip(total, values.unbind()))
+
+
+def setup_device(args):
+    """-> (device, world size): checks --device and that --out can be written (making --out itself); settles
+    --precision (printed, in config.json) and --workers."""
+    try:
+        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        fail(f"--device {args.device}: not a device; use cpu, cuda, cuda:1, ...")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail(f"--device {args.device}: no CUDA device is visible to PyTorch; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        fail(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    if device.type not in ("cpu", "cuda"):
+        fail(f"--device {args.device}: train.py runs on cpu or cuda")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    args.device = str(device)                                            # resolved once, printed, in config.json
+    args.precision = precision(args, device)[0]                          # resolved once, printed, in config.json
+    if args.workers is None:                                             # CUDA: loader processes keep the GPU fed
+        args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
+    if not args.resume and int(os.environ.get("RANK", 0)) == 0:   # known now, not after the data was prepared:
+        probe = Path(args.out).resolve()                         # try writing where the run folder will be made
+        while not probe.exists():
+            probe = probe.parent
+        try:
+            tempfile.TemporaryFile(dir=probe).close()
+        except OSError as e:
+            fail(f"--out {args.out}: cannot write there ({e.strerror}); pass a writable folder")
+    return device, world
+
+
+def join_process_group(device, world):
+    """Under torchrun: one process per GPU (NCCL) or CPU process (gloo); only rank 0 prints. Returns the device."""
+    if world == 1:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    cuda = device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    if dist.get_rank() > 0:                                              # only rank 0 prints, logs and saves
+        sys.stdout = open(os.devnull, "w")
+    return device
+
+
+def precision(args, device):
+    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler or None).
+    Default: bf16 autocast on CUDA with compute capability ≥ 8, fp16 autocast with a gradient scaler on older GPUs
+    (V100, T4), fp32 on CPU. TF32 is set explicitly for every choice: on for "tf32" only. Under bf16 / fp16 autocast
+    the only float32 matmuls left are the SSM kernels', which must not use TF32 (ssm.Matmul guards them anyway), so
+    TF32 there would buy nothing. The SSM kernels and FFT convolutions run in fp32 inside autocast (ssm.py).
+    --amp is the old name of --precision bf16."""
+    name = args.precision or ("bf16" if args.amp else None)
+    if name is None:
+        name = "fp32" if device.type != "cuda" else ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8
+                                                     else "fp16")
+    flag, on, off = tf32_flag()
+    setattr(torch.backends.cuda.matmul, flag, on if name == "tf32" else off)    # also on a CPU: no effect there
+    torch.backends.cudnn.allow_tf32 = name == "tf32"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
+    amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
+    return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
+
+
+class SeededOrder(torch.utils.data.Sampler):
+    """A new permutation of the n examples at every pass, drawn from `gen` (its state is in last.pt), so one
+    DataLoader (with persistent workers) serves every epoch and the order is that of a 1-process run everywhere."""
+
+    def __init__(self, n, gen):
+        self.n, self.gen = n, gen
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.gen).tolist())
+
+    def __len__(self):
+        return self.n
+
+
+def loader(dataset, batch_size, args, device, order=None):
+    """Batches of `dataset` padded by lra_data.collate (token batches to a few bucketed lengths): in a new seeded
+    order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory, persistent workers that prefetch."""
+    workers, cuda = args.workers, device.type == "cuda"
+    seeds = torch.Generator().manual_seed(args.seed + 4)   # its worker seeds: not from the global (dropout) RNG
+    return torch.utils.data.DataLoader(dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
+                                       collate_fn=lra_data.collate, num_workers=workers, pin_memory=cuda,
+                                       persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+                                       generator=seeds)
+
+
+def progress_bar(batches, desc, disable):
+    """The tqdm bar of a training epoch (redrawn at its own interval, not per step)."""
+    return tqdm(batches, desc=desc, leave=False, dynamic_ncols=True, disable=disable)
+
+
+class Training:
+    """One phase in progress: the module saved (model) and the one that runs the batches (forward: model or its
+    DDP / compiled wrapper), optimiser, schedule, fp16 scaler, generators, autocast, step and step budget."""
+
+    def __init__(self, model, phase, args, device, n_train):
+        self.model, self.phase, self.device = model, phase, device
+        self.forward, self.step = model, 0
+        self.total = min(phase.epochs * -(-n_train // phase.batch_size), args.max_steps or float("inf"))
+        self.gens = {"order": torch.Generator().manual_seed(args.seed + 1),      # batch order, as in TFS and SPT
+                     "mask": torch.Generator(device).manual_seed(args.seed + 2)}  # SPT masks, drawn on the device
+        _, self.amp, self.scaler = precision(args, device)
+        self.record = torch.full((2,), -1.0, device=device)             # the guard's first [bad step, parameter]
+        self.step_t = torch.zeros((), device=device)                   # the step on the device: no copy per step
+
+    def optimizer(self, groups, factor):
+        """Fused AdamW over `groups` (its kernel can skip a step on the device) and the schedule factor(step, total)."""
+        self.opt = torch.optim.AdamW(groups, fused=True)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, partial(factor, total=self.total))
+
+    def no_sync(self, last):
+        """DDP: no gradient all-reduce on a micro-batch but the last one."""
+        return self.forward.no_sync() if dist.is_initialized() and not last else contextlib.nullcontext()
+
+    def saved(self):
+        """What --resume needs beyond the phase's progress: weights, optimiser, schedule, fp16 scaler, every RNG."""
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step,
+                "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
+                "device_type": self.device.type,
+                "rng": {"torch": torch.get_rng_state(), "cuda": cuda, **{k: g.get_state() for k, g in self.gens.items()}}}
+
+    def restore(self, ck):
+        """Inverse of saved(): continue exactly where the checkpoint `ck` (a last.pt) stopped. An optimiser state of
+        an older commit is upgraded (fused=True, which the device-side guard needs); a state this code cannot read
+        raises ValueError naming what is missing."""
+        try:
+            optimizer = ck["optimizer"]
+            for group in optimizer["param_groups"]:                      # before the fused guard: fused=None
+                group.update(fused=True, foreach=None)
+            self.model.load_state_dict(ck["model"])
+            self.opt.load_state_dict(optimizer)
+            self.sched.load_state_dict(ck["scheduler"])
+            if self.scaler is not None and ck.get("scaler"):
+                self.scaler.load_state_dict(ck["scaler"])
+            torch.set_rng_state(ck["rng"]["torch"])
+            if self.device.type == "cuda" and ck["rng"]["cuda"] is not None:   # this GPU's only: the count may change
+                torch.cuda.set_rng_state(ck["rng"]["cuda"], self.device)
+            for k, g in self.gens.items():
+                g.set_state(ck["rng"][k])
+            self.step = ck["step"]
+            self.step_t.fill_(self.step)
+        except (KeyError, TypeError, RuntimeError, ValueError) as e:
+            raise ValueError(f"{type(e).__name__}: {str(e).splitlines()[0][:120]}") from None
+
+
+def micro_batches(rows, k):
+    """rows (a slice) in k contiguous, near-equal parts (fewer when there are fewer rows)."""
+    n = rows.stop - rows.start
+    bounds = [rows.start + (n * i) // k for i in range(k + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a] or [rows]
+
+
+def guard_step(state, bad_loss):
+    """The optimiser step behind a device-side guard: one fused reduction (torch._foreach_norm) over all gradients
+    decides, on the device, whether this update is finite; a non-finite update is skipped inside the fused AdamW
+    kernel (found_inf), so it never reaches the weights, and state.record keeps the first such [step, parameter
+    index]. fp16: overflowing gradients are the scaler's business (it skips and lowers its scale); only a non-finite
+    loss is an error. bad_loss: a device bool, any micro-batch's loss was not finite. Nothing here reads a device
+    value: check_finite does, once per progress interval. Then zero_grad and the schedule's step."""
+    opt, scaler = state.opt, state.scaler
+    if scaler is not None:
+        scaler.unscale_(opt)
+    params = [p for p in state.model.parameters() if p.requires_grad]
+    grads = [p.grad if p.grad is not None else p.new_zeros(()) for p in params]
+    finite = torch.isfinite(torch.stack(torch._foreach_norm(grads)))    # (P,) bool
+    error = bad_loss if scaler is not None else bad_loss | ~finite.all()
+    first_bad = torch.where(finite.all(), -1, (~finite).int().argmax())   # index into the trained parameters
+    update = torch.stack([state.step_t, first_bad.float()])
+    state.record.copy_(torch.where((state.record[0] < 0) & error, update, state.record))
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.found_inf = error.float()                                    # read by the fused kernel, on the device
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    state.sched.step()
+    state.step += 1
+    state.step_t += 1
+
+
+def check_finite(state, phase):
+    """Stop at a recorded non-finite update (read once per progress interval), naming its step and the first
+    parameter whose gradient was not finite. The guard skipped it: weights and checkpoints so far are intact."""
+    record = state.record
+    if dist.is_initialized():         # the earliest bad step of any process stops all, with that process's parameter
+        step = torch.where(record[0] < 0, torch.inf, record[0])          # a process without one: never the earliest
+        first = step.clone()
+        dist.all_reduce(first, op=dist.ReduceOp.MIN)
+        index = torch.where(step == first, record[1], -2.0)              # -2: not the process of that step
+        dist.all_reduce(index, op=dist.ReduceOp.MAX)
+        record = torch.stack([torch.where(first.isinf(), -1.0, first), index])
+    step, index = record.tolist()
+    if step < 0:
+        return
+    names = [n for n, p in state.model.named_parameters() if p.requires_grad]
+    bad = f"gradient of {names[int(index)]}" if index >= 0 else "the loss itself"
+    raise SystemExit(f"train.py: {phase} step {int(step)}: non-finite loss or gradient, first non-finite: {bad}; the "
+                     f"update was skipped, checkpoints so far are intact (try a lower --lr / --pretrain-lr)")
+
+
