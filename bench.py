@@ -1,10 +1,13 @@
 """bench.py: how fast and how big the three models are, and the GPU check that ships with the repo.
-speed:   one layer of each (forward + backward) at growing L, its SSM kernel alone, whole training steps of the
-         presets; time ∝ L^p fitted over ≥ 3 lengths (p ≈ 1 for an FFT convolution, ≈ 2 for full attention);
-         the kernels with and without exact float32 matmuls (tools/speed.py)
-memory:  --memory: the estimated peak of every --preset paper step, checked against real CPU steps (tools/memory.py)
-check:   --gpu-check: kernels under TF32, layers, short paper runs and the main command in miniature, then the
-         paper's first claim, within --minutes of the process's start (tools/gpu_check.py)
+speed:   one layer of each (forward + backward) at growing L, its SSM kernel alone, whole training
+         steps of the presets; time ∝ L^p fitted over ≥ 3 lengths (p ≈ 1 for an FFT convolution,
+         ≈ 2 for full attention); the kernels with and without exact float32 matmuls
+         (tools/speed.py)
+memory:  --memory: the estimated peak of every --preset paper step, checked against real CPU steps
+         (tools/memory.py)
+check:   --gpu-check: kernels under TF32, layers, short paper runs and the main command in
+         miniature, then the paper's first claim, within --minutes of the process's start
+         (tools/gpu_check.py)
 usage:   python bench.py [--quick] [--device cuda] [--precision bf16] [--out runs/bench.json]
          python bench.py --memory [--out ...]
          python bench.py --device cuda --gpu-check [--minutes 6] [--out-dir results/gpu/<device>]
@@ -15,10 +18,11 @@ import time
 
 
 def process_start():
-    """Unix time at which this process started (Linux: /proc, so the interpreter's own start-up counts), else now."""
+    """Unix time at which this process started (Linux: /proc, so the interpreter's own start-up
+    counts), else now."""
     try:
         with open("/proc/self/stat") as f:
-            ticks = int(f.read().rsplit(")", 1)[1].split()[19])          # field 22, starttime, after boot
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, after boot
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
         return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
@@ -27,8 +31,9 @@ def process_start():
 
 
 STARTED = process_start()          # --gpu-check's --minutes count from here: imports included
-# Before torch starts OpenMP: on a shared CPU, spinning threads wait a whole time slice for a descheduled partner in
-# every parallel region (results/bench_notes.md). Set OMP_WAIT_POLICY=ACTIVE yourself on a dedicated machine.
+# Before torch starts OpenMP: on a shared CPU, spinning threads wait a whole time slice for a
+# descheduled partner in every parallel region (results/bench_notes.md). Set OMP_WAIT_POLICY=ACTIVE
+# yourself on a dedicated machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -46,7 +51,8 @@ PRESETS = ["tiny", "small", "paper"]
 
 
 def positive(kind, zero=False):
-    """An argparse type: a number of `kind` > 0 (≥ 0 with zero=True), else a one-line error naming the value."""
+    """An argparse type: a number of `kind` > 0 (≥ 0 with zero=True), else a one-line error naming
+    the value."""
     def check(text):
         try:
             value = kind(text)
@@ -68,40 +74,61 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     flag = p.add_argument
     flag("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    flag("--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="layers: autocast dtype")
+    flag("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+         help="layers: autocast dtype")
     flag("--quick", action="store_true", help=f"fewer lengths, shorter timing: {speed.QUICK}")
-    flag("--memory", action="store_true", help="estimate the peak memory of the --preset paper runs instead")
+    flag("--memory", action="store_true",
+         help="estimate the peak memory of the --preset paper runs instead")
     flag("--gpu-check", action="store_true", help="the GPU check (tools/gpu_check.py)")
-    flag("--minutes", type=positive(float), default=6.0, help="--gpu-check: all of it, from the process's start")
+    flag("--minutes", type=positive(float), default=6.0,
+         help="--gpu-check: all of it, from the process's start")
     flag("--check-scale", choices=["paper", "tiny"], default=None,
-         help="--gpu-check sizes (default: paper on cuda, tiny on cpu: width 16, one layer, a few steps)")
-    flag("--out-dir", default=None, help="--gpu-check: output folder (default results/gpu/<device>)")
-    flag("--lengths", type=positive(int), nargs="+", default=None, help=f"lengths L ({speed.FULL['lengths']})")
-    flag("--batch", type=positive(int), default=speed.DEFAULTS["batch"], help="B of one layer's forward+backward")
-    flag("--max-tokens", type=positive(int), default=None, help=f"B ≤ this // L ({speed.FULL['max_tokens']})")
-    flag("--d-model", type=positive(int), default=speed.DEFAULTS["d_model"], help="H, channels of each layer")
-    flag("--d-state", type=positive(int), default=speed.DEFAULTS["d_state"], help="N of S4 (nplr and diag)")
+         help="--gpu-check sizes (default: paper on cuda, tiny on cpu: width 16, one layer, "
+              "a few steps)")
+    flag("--out-dir", default=None,
+         help="--gpu-check: output folder (default results/gpu/<device>)")
+    flag("--lengths", type=positive(int), nargs="+", default=None,
+         help=f"lengths L ({speed.FULL['lengths']})")
+    flag("--batch", type=positive(int), default=speed.DEFAULTS["batch"],
+         help="B of one layer's forward+backward")
+    flag("--max-tokens", type=positive(int), default=None,
+         help=f"B ≤ this // L ({speed.FULL['max_tokens']})")
+    flag("--d-model", type=positive(int), default=speed.DEFAULTS["d_model"],
+         help="H, channels of each layer")
+    flag("--d-state", type=positive(int), default=speed.DEFAULTS["d_state"],
+         help="N of S4 (nplr and diag)")
     flag("--dlr-state", type=positive(int), default=speed.DEFAULTS["dlr_state"], help="N of DLR")
-    flag("--n-heads", type=positive(int), default=speed.DEFAULTS["n_heads"], help="attention heads of the Transformer layer")
-    flag("--models", nargs="+", choices=speed.LAYERS, default=speed.LAYERS, help="layers to measure")
-    flag("--task", choices=lra_data.TASKS, default="pathfinder", help="task of the training-step measurement")
-    flag("--presets", nargs="*", choices=PRESETS, default=None, help=f"training-step presets "
-         f"({speed.FULL['presets']})")
-    flag("--train-batch", type=positive(int), default=None, help="B of the training step (preset's ≤ tokens/L)")
+    flag("--n-heads", type=positive(int), default=speed.DEFAULTS["n_heads"],
+         help="attention heads of the Transformer layer")
+    flag("--models", nargs="+", choices=speed.LAYERS, default=speed.LAYERS,
+         help="layers to measure")
+    flag("--task", choices=lra_data.TASKS, default="pathfinder",
+         help="task of the training-step measurement")
+    flag("--presets", nargs="*", choices=PRESETS, default=None,
+         help=f"training-step presets ({speed.FULL['presets']})")
+    flag("--train-batch", type=positive(int), default=None,
+         help="B of the training step (preset's ≤ tokens/L)")
     flag("--kernel-precision", action=argparse.BooleanOptionalAction, default=None,
          help="the kernels at PathX with TF32 allowed and guarded (default: on, off with --quick)")
-    flag("--min-time", type=positive(float, zero=True), default=None, help=f"seconds of repeats ({speed.FULL['min_time']})")
-    flag("--max-reps", type=positive(int), default=None, help=f"most timed repeats ({speed.FULL['max_reps']})")
-    flag("--max-step-seconds", type=positive(float, zero=True), default=60.0, help="skip a row predicted slower than this")
-    flag("--fit-from", type=positive(int), default=None, help=f"fit over L ≥ this ({speed.FULL['fit_from']})")
-    flag("--out", default="runs/bench.json", help="JSON results; the markdown tables go next to it (.md)")
+    flag("--min-time", type=positive(float, zero=True), default=None,
+         help=f"seconds of repeats ({speed.FULL['min_time']})")
+    flag("--max-reps", type=positive(int), default=None,
+         help=f"most timed repeats ({speed.FULL['max_reps']})")
+    flag("--max-step-seconds", type=positive(float, zero=True), default=60.0,
+         help="skip a row predicted slower than this")
+    flag("--fit-from", type=positive(int), default=None,
+         help=f"fit over L ≥ this ({speed.FULL['fit_from']})")
+    flag("--out", default="runs/bench.json",
+         help="JSON results; the markdown tables go next to it (.md)")
     p.error = lambda message: fail(f"{message} (python bench.py --help lists the flags)")
     args = p.parse_args(argv)
     for key, value in (speed.QUICK if args.quick else speed.FULL).items():
         setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
     check_args(args)
-    args.check_scale = args.check_scale or ("paper" if device_type(args.device) == "cuda" else "tiny")
-    args.kernel_precision = not args.quick if args.kernel_precision is None else args.kernel_precision
+    args.check_scale = args.check_scale or (
+        "paper" if device_type(args.device) == "cuda" else "tiny")
+    args.kernel_precision = (not args.quick if args.kernel_precision is None
+                             else args.kernel_precision)
     return args
 
 
@@ -116,8 +143,10 @@ def check_args(args):
     if device.type == "cuda" and not torch.cuda.is_available():
         fail(f"--device {args.device}: no CUDA device is visible to PyTorch; use --device cpu")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        fail(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-    outs = [("--out-dir", args.out_dir, True)] if args.gpu_check else [("--out", args.out, False)]
+        fail(f"--device {args.device}: only {torch.cuda.device_count()} "
+             f"CUDA device(s) are visible")
+    outs = ([("--out-dir", args.out_dir, True)] if args.gpu_check
+            else [("--out", args.out, False)])
     for name, path, is_folder in outs:
         if path is None:
             continue
@@ -143,11 +172,13 @@ def writable_or_fail(name, folder):
 
 def report(res, args):
     m = res["machine"]
-    lines = [f"machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads (OMP_NUM_THREADS="
-             f"{m['omp_num_threads']}, OMP_WAIT_POLICY={m['omp_wait_policy']}), load average "
-             f"{' / '.join(map(str, m['load']))} (1 / 5 / 15 min) at start; torch {m['torch']}; "
-             f"commit {m['commit']}; `{m['command']}`; run time {res['seconds']:.0f} s", ""]
-    return "\n".join(lines + (memory.memory_lines(res) if args.memory else speed.speed_lines(res, args)))
+    lines = [f"machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads "
+             f"(OMP_NUM_THREADS={m['omp_num_threads']}, OMP_WAIT_POLICY={m['omp_wait_policy']}), "
+             f"load average {' / '.join(map(str, m['load']))} (1 / 5 / 15 min) at start; "
+             f"torch {m['torch']}; commit {m['commit']}; `{m['command']}`; "
+             f"run time {res['seconds']:.0f} s", ""]
+    return "\n".join(lines + (memory.memory_lines(res) if args.memory
+                               else speed.speed_lines(res, args)))
 
 
 def main(argv=None):
@@ -158,7 +189,8 @@ def main(argv=None):
         return gpu_check.gpu_check(args, argv, STARTED)
     res = dict(args=vars(args), machine=speed.machine_info(argv, args))
     print(f"bench: {res['machine']}\n  {vars(args)}", flush=True)
-    res.update(dict(memory=memory.memory_table(), check=memory.memory_check()) if args.memory else speed.speed(args))
+    res.update(dict(memory=memory.memory_table(), check=memory.memory_check()) if args.memory
+               else speed.speed(args))
     res["seconds"] = time.perf_counter() - t0
     text = report(res, args)
     print(text)

@@ -51,12 +51,13 @@ class Clean(NamedTuple):
     lengths: torch.Tensor            # (B,) long, real lengths
     content: torch.Tensor            # (B,) long, the positions that may be masked: lengths,
                                      # less a token task's EOS
-    padded: torch.Tensor | None      # lengths, or None when nothing is padded (the models' fast path)
+    padded: torch.Tensor | None      # lengths, or None when nothing is padded
+                                     # (the models' fast path)
     mask_id: int                     # the <mask> token id
                                      # (pixels: masked values become 0 and an indicator says so)
 
 
-# ---- the objectives: (clean batch, the run's settings, generator, progress in [0, 1]) -> Batch ----
+# ---- the objectives: (clean batch, the run's settings, generator, progress in [0, 1]) -> Batch ---
 # train.py's OBJECTIVES declares each one with its flags; each reads its own flags from `args`.
 # `gen` draws every random number on the device, for the whole global batch, so DDP processes mask
 # as one process would. `progress` (step / steps of the phase) lets an objective follow a schedule;
@@ -84,7 +85,8 @@ def causal(clean, args, gen, progress):
     """Next-token prediction: the input unchanged, the target shifted by one (a causal model is
     required)."""
     target, mask = next_token(clean.target, clean.lengths)                   # (B, L) each
-    x = mask_input(clean.value, torch.zeros_like(mask), clean.mask_id)     # pixels: (B, L, 2), indicator 0
+    # pixels: (B, L, 2), indicator 0
+    x = mask_input(clean.value, torch.zeros_like(mask), clean.mask_id)
     return Batch(x, clean.padded, target, mask.float())
 
 
@@ -218,7 +220,7 @@ class ProjectedEmbedding(nn.Module):
         self.table, self.project = table, nn.Linear(table.embedding_dim, d_gen, bias=False)
 
     def forward(self, x):
-        return self.project(self.table(x))                       # (B, L) -> (B, L, D) -> (B, L, D_gen)
+        return self.project(self.table(x))           # (B, L) -> (B, L, D) -> (B, L, D_gen)
 
 
 class GDESEmbedding(nn.Module):
@@ -245,10 +247,10 @@ def sample_replacements(logits, original, mask, u):
     logits: (B, L, V); original: (B, L) long; mask: (B, L) bool; u: (B, L) float in [0, 1)
     -> (replaced (B, L) long, labels (B, L) float: 1 where replaced ≠ original, so a sampled
     original counts as original)."""
-    cdf = logits.detach().float().softmax(-1).cumsum(-1)                          # (B, L, V)
-    cdf = cdf / cdf[..., -1:]                                                     # last exactly 1 > u: an id exists
-    sample = (cdf <= u[..., None].to(cdf.dtype)).sum(-1)                          # (B, L) long; never a p = 0 id
-    replaced = torch.where(mask, sample, original)                                # (B, L)
+    cdf = logits.detach().float().softmax(-1).cumsum(-1)      # (B, L, V)
+    cdf = cdf / cdf[..., -1:]                                 # last exactly 1 > u: an id exists
+    sample = (cdf <= u[..., None].to(cdf.dtype)).sum(-1)      # (B, L) long; never a p = 0 id
+    replaced = torch.where(mask, sample, original)            # (B, L)
     return replaced, (replaced != original).float()
 
 
@@ -258,7 +260,8 @@ class ReplacedTokenDetection(nn.Module):
     its own `encoder` is replaced). Both map (x, lengths) -> (B, L, width). G reads the masked input
     and is trained by masked denoising; its samples replace the masked positions; the discriminator
     reads the result and tells, at every real position, replaced (1) from original (0):
-    L_gen = mean_{t ∈ M} CE(G(x_masked)_t, x_t),  L_disc = mean_{t real} BCE(D(x̃)_t, 1[x̃_t ≠ x_t]).
+    L_gen = mean_{t ∈ M} CE(G(x_masked)_t, x_t),
+    L_disc = mean_{t real} BCE(D(x̃)_t, 1[x̃_t ≠ x_t]).
     tokens=True: ids, n_out = V; one table E (V, D) = the backbone's encoder, shared: gdes=False
     (ELECTRA) the discriminator reads E itself; gdes=True (DeBERTaV3) it reads sg(E) + E_Δ.
     exclude_ids: ids never sampled (e.g. PAD and MASK, so x̃ holds no mask id). tokens=False: grey
@@ -277,7 +280,7 @@ class ReplacedTokenDetection(nn.Module):
         assert n_out > 1, (
             "RTD samples from a distribution over n_out > 1 classes (Image's L1 values have none)")
         if tokens:
-            table = backbone.encoder                             # E: (V, D), the discriminator's own init
+            table = backbone.encoder                 # E: (V, D), the discriminator's own init
             assert isinstance(table, nn.Embedding) and table.weight.shape == (n_out, d_model), (
                 "need Embedding(V, D)")
             generator.encoder = ProjectedEmbedding(table, d_gen)
@@ -333,9 +336,9 @@ def discriminator_backbone(state):
     ELECTRA's is E itself; pixels keep their Linear encoder as it is."""
     out = {k: v for k, v in state.items()
            if k.startswith("backbone.") and not k.startswith("backbone.encoder.")}
-    if "backbone.encoder.delta.weight" in state:                                  # GDES: E_D = E + E_Δ
+    if "backbone.encoder.delta.weight" in state:                 # GDES: E_D = E + E_Δ
         out["backbone.encoder.weight"] = (state["backbone.encoder.table.weight"]
                                           + state["backbone.encoder.delta.weight"])
-    else:                                                                         # ELECTRA's E, or Linear(2, D)
+    else:                                                        # ELECTRA's E, or Linear(2, D)
         out.update({k: v for k, v in state.items() if k.startswith("backbone.encoder.")})
     return out

@@ -1,10 +1,16 @@
-"""heads.py: what a backbone is trained to predict on each LRA task, how a batch becomes its input, and the score.
-classifier:  logits = W·pool(backbone(x)) over real positions (mean / max / last); Retrieval: [a, b, a−b, a·b] (LRA)
-denoiser:    per-position head D -> V token ids | 256 grey levels (cross-entropy) | 1 normalised value (L1, Image)
-loss:        Σ_rows weight·ℓ / n_global, so rows, micro-batches and DDP processes add up to the global batch mean
-Inputs: token ids stay ids; pixels become [normalised value, mask indicator] (Amos et al. 2024, App. C). The SPT
-objectives themselves (masks, next-token targets) are denoise.py's; train.py runs the phases.
-Check: tests/test_train.py (pooling ignores pads, metrics add up, EOS never masked, checkpoints reload exactly).
+"""heads.py: what a backbone is trained to predict on each LRA task, how a batch becomes its input,
+and the score.
+classifier:  logits = W·pool(backbone(x)) over real positions (mean / max / last); Retrieval:
+             [a, b, a−b, a·b] (LRA)
+denoiser:    per-position head D -> V token ids | 256 grey levels (cross-entropy) | 1 normalised
+             value (L1, Image)
+loss:        Σ_rows weight·ℓ / n_global, so rows, micro-batches and DDP processes add up to the
+             global batch mean
+Inputs: token ids stay ids; pixels become [normalised value, mask indicator] (Amos et al. 2024,
+App. C). The SPT objectives themselves (masks, next-token targets) are denoise.py's; train.py runs
+the phases.
+Check: tests/test_train.py (pooling ignores pads, metrics add up, EOS never masked, checkpoints
+reload exactly).
 """
 import torch
 import torch.nn as nn
@@ -14,12 +20,14 @@ import lra_data
 from denoise import Batch
 
 
-# ---- heads: what the backbone's features are trained to predict ---------------------------------------------------
+# ---- heads: what the backbone's features are trained to predict -------------------------------
 
 def pool(h, lengths, how):
-    """Pool features over real positions only (pads never count). h: (B, L, D), lengths: (B,) or None (nothing
-    padded) -> (B, D), float32 at least. A row with no real position (lengths 0) pools to zeros, whatever `how` is."""
-    h = h.to(torch.promote_types(h.dtype, torch.float32))              # bf16 sums over 16k positions lose digits
+    """Pool features over real positions only (pads never count). h: (B, L, D), lengths: (B,) or
+    None (nothing padded) -> (B, D), float32 at least. A row with no real position (lengths 0) pools
+    to zeros, whatever `how` is."""
+    # bf16 sums over 16k positions lose digits
+    h = h.to(torch.promote_types(h.dtype, torch.float32))
     if lengths is None:
         return {"mean": h.mean(1), "max": h.amax(1), "last": h[:, -1]}[how]   # (B, D)
     real = torch.arange(h.size(1), device=h.device)[None, :] < lengths[:, None]   # (B, L)
@@ -33,22 +41,24 @@ def pool(h, lengths, how):
 
 
 class Classifier(nn.Module):
-    """backbone -> pool over real positions -> Linear to C classes. Retrieval (pair=True): both documents go through
-    the same backbone (two towers); the head reads [a, b, a−b, a·b] as in LRA. forward: x (B, L) or (B, L, 2) or,
-    for pairs, (B, 2, L); lengths (B,) or (B, 2) -> logits (B, C)."""
+    """backbone -> pool over real positions -> Linear to C classes. Retrieval (pair=True): both
+    documents go through the same backbone (two towers); the head reads [a, b, a−b, a·b] as in LRA.
+    forward: x (B, L) or (B, L, 2) or, for pairs, (B, 2, L); lengths (B,) or (B, 2) -> logits
+    (B, C)."""
 
     def __init__(self, backbone, d_model, n_classes, pool, pair):
         super().__init__()
         self.backbone, self.pool, self.pair = backbone, pool, pair
         if pair:
-            self.head = nn.Sequential(nn.Linear(4 * d_model, d_model), nn.GELU(), nn.Linear(d_model, n_classes))
+            self.head = nn.Sequential(nn.Linear(4 * d_model, d_model), nn.GELU(),
+                                      nn.Linear(d_model, n_classes))
         else:
             self.head = nn.Linear(d_model, n_classes)
 
     def forward(self, x, lengths):
         if self.pair:
             B = x.size(0)
-            x = x.flatten(0, 1)                                          # (2B, L): each document alone
+            x = x.flatten(0, 1)                                      # (2B, L): each document alone
             lengths = None if lengths is None else lengths.flatten()     # (2B,)
         z = pool(self.backbone(x, lengths), lengths, self.pool)          # (B or 2B, D)
         if self.pair:
@@ -58,9 +68,9 @@ class Classifier(nn.Module):
 
 
 class Denoiser(nn.Module):
-    """backbone -> per-position denoising head D -> V (ids), 256 (grey levels) or 1 (Image values), at every position
-    (the loss weights pick the masked ones: gathering them first would read the mask's size back from the device).
-    forward(x_in, lengths) -> predictions (B, L, V)."""
+    """backbone -> per-position denoising head D -> V (ids), 256 (grey levels) or 1 (Image values),
+    at every position (the loss weights pick the masked ones: gathering them first would read the
+    mask's size back from the device). forward(x_in, lengths) -> predictions (B, L, V)."""
 
     def __init__(self, backbone, d_model, n_out):
         super().__init__()
@@ -72,15 +82,17 @@ class Denoiser(nn.Module):
 
 
 def n_outputs(task):
-    """Width of the denoising head: V token ids, 256 grey levels (Pathfinder/PathX), or 1 normalised value (Image)."""
+    """Width of the denoising head: V token ids, 256 grey levels (Pathfinder/PathX), or 1 normalised
+    value (Image)."""
     spec = lra_data.TASKS[task]
     return spec.vocab_size if spec.kind == "tokens" else (1 if task == "image" else 256)
 
 
 def clean_input(x, task):
-    """(input, target) of a raw batch: token ids stay ids; pixels become normalised values (paper App. C), and the
-    denoising target is the grey level 0..255 as a class (Pathfinder/PathX) or the normalised value (Image, L1).
-    x: (B, L) long ids or uint8 pixels -> ((B, L) long or float, (B, L) long or float)."""
+    """(input, target) of a raw batch: token ids stay ids; pixels become normalised values (paper
+    App. C), and the denoising target is the grey level 0..255 as a class (Pathfinder/PathX) or the
+    normalised value (Image, L1). x: (B, L) long ids or uint8 pixels -> ((B, L) long or float,
+    (B, L) long or float)."""
     if lra_data.TASKS[task].kind == "tokens":
         return x, x
     value = lra_data.normalize(x, task).float()                          # (B, L)
@@ -88,70 +100,83 @@ def clean_input(x, task):
 
 
 def model_input(x, task):
-    """What a classifier reads for a raw batch x (B, L): token ids, or pixels as (B, L, 2) [value, 0 indicator]."""
+    """What a classifier reads for a raw batch x (B, L): token ids, or pixels as (B, L, 2) [value, 0
+    indicator]."""
     value = clean_input(x, task)[0]                                      # (B, L)
-    return denoise.mask_input(value, torch.zeros(value.shape, dtype=torch.bool, device=x.device), lra_data.MASK)
+    return denoise.mask_input(value, torch.zeros(value.shape, dtype=torch.bool, device=x.device),
+                              lra_data.MASK)
 
 
-# ---- models from a checkpoint's description, and the backbone they share ----------------------------------------
+# ---- models from a checkpoint's description, and the backbone they share ----------------------
 
 def build_model(ck, entry):
-    """The model a checkpoint dict describes, around backbone = entry.build(entry.Config(**ck["config"])) (entry:
-    its train.MODELS entry): a Classifier, a Denoiser, or ELECTRA's ReplacedTokenDetection (discriminator = the
-    backbone, generator of the same family from head["gen_config"])."""
+    """The model a checkpoint dict describes, around backbone =
+    entry.build(entry.Config(**ck["config"])) (entry: its train.MODELS entry): a Classifier, a
+    Denoiser, or ELECTRA's ReplacedTokenDetection (discriminator = the backbone, generator of the
+    same family from head["gen_config"])."""
     Config, build = entry.Config, entry.build
     backbone, head = build(Config(**ck["config"])), ck["head"]
     if head["kind"] == "denoise":
         return Denoiser(backbone, ck["config"]["d_model"], head["n_out"])
     if head["kind"] == "rtd":
-        generator, tokens = build(Config(**head["gen_config"])), lra_data.TASKS[ck["task"]].kind == "tokens"
-        levels = None if tokens else clean_input(torch.arange(256, dtype=torch.uint8)[None], ck["task"])[0][0]
+        generator, tokens = (build(Config(**head["gen_config"])),
+                             lra_data.TASKS[ck["task"]].kind == "tokens")
+        levels = (None if tokens
+                  else clean_input(torch.arange(256, dtype=torch.uint8)[None], ck["task"])[0][0])
         widths = ck["config"]["d_model"], head["gen_config"]["d_model"]
         exclude = (lra_data.PAD, lra_data.MASK) if tokens else ()
-        return denoise.ReplacedTokenDetection(backbone, generator, *widths, head["n_out"], tokens, head["gdes"],
-                                              levels, exclude_ids=exclude)
-    return Classifier(backbone, ck["config"]["d_model"], head["n_classes"], head["pool"], head["pair"])
+        return denoise.ReplacedTokenDetection(backbone, generator, *widths, head["n_out"], tokens,
+                                              head["gdes"], levels, exclude_ids=exclude)
+    return Classifier(backbone, ck["config"]["d_model"], head["n_classes"], head["pool"],
+                      head["pair"])
 
 
 def load_backbone(model, state):
-    """Copy a checkpoint's backbone into a Classifier, strictly: the only keys allowed to differ are the checkpoint's
-    own head (expected unexpected: denoise_head.* from SPT, or head.*) and our new head (expected missing: head.*).
-    Anything else, or a shape mismatch, raises RuntimeError: a pre-trained backbone is never silently skipped."""
+    """Copy a checkpoint's backbone into a Classifier, strictly: the only keys allowed to differ are
+    the checkpoint's own head (expected unexpected: denoise_head.* from SPT, or head.*) and our new
+    head (expected missing: head.*). Anything else, or a shape mismatch, raises RuntimeError: a
+    pre-trained backbone is never silently skipped."""
     old_head = sorted(k for k in state if not k.startswith("backbone."))
     new_head = sorted(k for k in model.state_dict() if not k.startswith("backbone."))
-    result = model.load_state_dict({k: v for k, v in state.items() if k not in old_head}, strict=False)
+    result = model.load_state_dict({k: v for k, v in state.items() if k not in old_head},
+                                   strict=False)
     if sorted(result.missing_keys) != new_head or result.unexpected_keys:
-        raise RuntimeError(f"backbone keys do not match: missing {sorted(set(result.missing_keys) - set(new_head))}, "
+        raise RuntimeError(f"backbone keys do not match: missing "
+                           f"{sorted(set(result.missing_keys) - set(new_head))}, "
                            f"unexpected {result.unexpected_keys}")
     return old_head, new_head
 
 
 def check_init_checkpoint(ck, model_name, task, config):
-    """ValueError (one line) unless checkpoint dict ck has a backbone this run (model_name on task, backbone config
-    dict `config`) can fine-tune: same model, task and every config field that shapes the weights."""
+    """ValueError (one line) unless checkpoint dict ck has a backbone this run (model_name on task,
+    backbone config dict `config`) can fine-tune: same model, task and every config field that
+    shapes the weights."""
     if (ck["model_name"], ck["task"]) != (model_name, task):
-        raise ValueError(f"a {ck['model_name']} checkpoint for {ck['task']}, but this run is {model_name} on "
-                         f"{task}; pass the --model and --task it was made with")
-    init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}          # may differ: not in the weights
+        raise ValueError(f"a {ck['model_name']} checkpoint for {ck['task']}, but this run is "
+                         f"{model_name} on {task}; pass the --model and --task it was made with")
+    # may differ: not in the weights
+    init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}
     differ = [k for k in config if k not in init_only and ck["config"].get(k) != config[k]]
     if differ:
-        theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ) for c in (ck["config"], config))
-        raise ValueError(f"its {theirs} differ from this run's {ours}; pass the model flags it was made with")
+        theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ)
+                        for c in (ck["config"], config))
+        raise ValueError(f"its {theirs} differ from this run's {ours}; pass the model flags it was "
+                         f"made with")
 
 
-# ---- one batch, its loss and metrics ------------------------------------------------------------------------------
+# ---- one batch, its loss and metrics ----------------------------------------------------------
 
 def to_device(x, lengths, device):
-    """Move a collated batch once (non-blocking from pinned memory on CUDA); lengths -> None when nothing is padded,
-    decided on the host copy, so no device value is ever read back."""
-    padded = bool((lengths < x.size(-1)).any())                          # host tensor: no device sync
+    """Move a collated batch once (non-blocking from pinned memory on CUDA); lengths -> None when
+    nothing is padded, decided on the host copy, so no device value is ever read back."""
+    padded = bool((lengths < x.size(-1)).any())                      # host tensor: no device sync
     x = x.to(device, non_blocking=True)
     return x, lengths.to(device, non_blocking=True) if padded else None
 
 
 def finetune_inputs(batch, gen, progress, task, device):
-    """A collated (x, lengths, labels) batch -> Batch of the classifier: every example counts once (gen and progress,
-    which an SPT objective uses, are not needed)."""
+    """A collated (x, lengths, labels) batch -> Batch of the classifier: every example counts once
+    (gen and progress, which an SPT objective uses, are not needed)."""
     x, lengths, y = batch
     x, lengths_in = to_device(x, lengths, device)
     y = y.to(device, non_blocking=True)
@@ -159,26 +184,30 @@ def finetune_inputs(batch, gen, progress, task, device):
 
 
 def clean_batch(batch, task, device):
-    """A collated batch -> denoise.Clean, what an SPT objective corrupts (labels unused): token ids, or normalised
-    pixel values with grey-level (Pathfinder) or value (Image) targets. Retrieval: each document alone."""
+    """A collated batch -> denoise.Clean, what an SPT objective corrupts (labels unused): token ids,
+    or normalised pixel values with grey-level (Pathfinder) or value (Image) targets. Retrieval:
+    each document alone."""
     x, lengths, _ = batch
     if lra_data.TASKS[task].pair:
         x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,)
     x, padded = to_device(x, lengths, device)
     lengths = lengths.to(device, non_blocking=True)
     value, target = clean_input(x, task)                                 # (B, L) each
-    content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths   # EOS: the last real token
+    # EOS: the last real token
+    content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths
     return denoise.Clean(value, target, lengths, content, padded, lra_data.MASK)
 
 
 def batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
-    """Loss of the examples `rows` of the global batch b, summed and divided by the global batch's count (times
-    `scale`: the number of DDP processes, whose gradients DDP averages), so that rows, micro-batches and processes
-    add up to the global batch mean; and the rows' additive statistics (a dict of device tensors). Classifier:
-    logits (b, C); Denoiser: predictions at every position (b, L, V), no boolean indexing (it would read the mask's
-    size back from the device); RTD (b.noise set): L_gen + λ·L_disc, each over the global batch's masked / real
-    positions. The one loss of training, evaluation and the memory estimate (tools/memory.py). predictions: a list
-    that gets the rows' predicted classes (b,) long (the test keeps them, for paired tests of two runs)."""
+    """Loss of the examples `rows` of the global batch b, summed and divided by the global batch's
+    count (times `scale`: the number of DDP processes, whose gradients DDP averages), so that rows,
+    micro-batches and processes add up to the global batch mean; and the rows' additive statistics
+    (a dict of device tensors). Classifier: logits (b, C); Denoiser: predictions at every position
+    (b, L, V), no boolean indexing (it would read the mask's size back from the device); RTD
+    (b.noise set): L_gen + λ·L_disc, each over the global batch's masked / real positions. The one
+    loss of training, evaluation and the memory estimate (tools/memory.py). predictions: a list that
+    gets the rows' predicted classes (b,) long (the test keeps them, for paired tests of two
+    runs)."""
     lengths = None if b.lengths is None else b.lengths[rows]
     if b.noise is not None:
         return rtd_batch_loss(model, b, rows, lengths, scale)
@@ -187,21 +216,25 @@ def batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
     per = denoise.losses(pred, target)                                   # (b,) or (b, L) float32
     if predictions is not None:
         predictions.append(pred.detach().argmax(-1))                     # (b,)
-    return (per * weight).sum() / b.weight.sum() * scale, statistics(pred.detach(), target, per.detach(), weight)
+    return ((per * weight).sum() / b.weight.sum() * scale,
+            statistics(pred.detach(), target, per.detach(), weight))
 
 
 def rtd_batch_loss(model, b, rows, lengths, scale):
-    """batch_loss of ReplacedTokenDetection; statistics: the generator's and discriminator's sums (and λ times the
-    latter) and the discriminator's accuracy over real positions."""
+    """batch_loss of ReplacedTokenDetection; statistics: the generator's and discriminator's sums
+    (and λ times the latter) and the discriminator's accuracy over real positions."""
     mask, L = b.weight.bool(), b.weight.size(1)
-    real = torch.ones_like(mask) if b.lengths is None else torch.arange(L, device=mask.device) < b.lengths[:, None]
+    real = (torch.ones_like(mask) if b.lengths is None
+            else torch.arange(L, device=mask.device) < b.lengths[:, None])
     mask, real = mask[rows], real[rows]
     gen_logits, disc_logits, labels = model(b.x[rows], lengths, b.target[rows], mask, b.noise[rows])
-    gen, disc = denoise.rtd_losses(gen_logits, disc_logits, labels, b.target[rows], mask, real)   # (b, L) each
+    # (b, L) each
+    gen, disc = denoise.rtd_losses(gen_logits, disc_logits, labels, b.target[rows], mask, real)
     loss = (gen.sum() / b.weight.sum() + b.disc_weight * disc.sum() / real_count(b)) * scale
     correct = ((disc_logits.detach() > 0) == labels.bool()) & real
     disc = disc.detach().sum().double()
-    return loss, {"n": real.sum().double(), "loss_disc": disc, "weighted_disc": b.disc_weight * disc,
+    return loss, {"n": real.sum().double(), "loss_disc": disc,
+                  "weighted_disc": b.disc_weight * disc,
                   "correct": correct.sum().double(), "n_gen": mask.sum().double(),
                   "loss_gen": gen.detach().sum().double()}
 
@@ -212,12 +245,14 @@ def real_count(b):
 
 
 def statistics(pred, target, per, weight):
-    """Additive statistics of one batch as float64 device tensors, so many batches add up exactly and are read
-    once: n, Σloss and correct (classes) or Σ(pred − t)², Σt, Σt² (values, for R²)."""
+    """Additive statistics of one batch as float64 device tensors, so many batches add up exactly
+    and are read once: n, Σloss and correct (classes) or Σ(pred − t)², Σt, Σt² (values, for
+    R²)."""
     out = {"n": weight.sum().double(), "loss": (per * weight).sum().double()}
     if target.is_floating_point():
         residual = pred.float().squeeze(-1) - target
-        out.update(sse=(residual ** 2 * weight).sum().double(), sum=(target * weight).sum().double(),
+        out.update(sse=(residual ** 2 * weight).sum().double(),
+                   sum=(target * weight).sum().double(),
                    sumsq=(target ** 2 * weight).sum().double())
     else:
         out["correct"] = ((pred.argmax(-1) == target) * weight).sum().double()
@@ -230,14 +265,17 @@ def add(total, stats, keep=True):
 
 
 def metrics(total):
-    """loss and accuracy (classes), R² = 1 − SSE/SST (values), or L_gen + λ·L_disc, the discriminator's accuracy
-    and both parts (RTD), from summed statistics; one read of the device values."""
-    t = dict(zip(total, torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in total.values()]).tolist()))
+    """loss and accuracy (classes), R² = 1 − SSE/SST (values), or L_gen + λ·L_disc, the
+    discriminator's accuracy and both parts (RTD), from summed statistics; one read of the device
+    values."""
+    t = dict(zip(total, torch.stack([torch.as_tensor(v, dtype=torch.float64)
+                                     for v in total.values()]).tolist()))
     n = max(t["n"], 1e-12)
     if "loss_gen" in t:
         gen = t["loss_gen"] / max(t["n_gen"], 1e-12)
         return {"loss": gen + t["weighted_disc"] / n, "acc": t["correct"] / n, "gen_loss": gen,
                 "disc_loss": t["loss_disc"] / n}
     if "sse" in t:
-        return {"loss": t["loss"] / n, "r2": 1.0 - t["sse"] / max(t["sumsq"] - t["sum"] ** 2 / n, 1e-12)}
+        return {"loss": t["loss"] / n,
+                "r2": 1.0 - t["sse"] / max(t["sumsq"] - t["sum"] ** 2 / n, 1e-12)}
     return {"loss": t["loss"] / n, "acc": t["correct"] / n}

@@ -1,19 +1,17 @@
 """lra_data.py: the seven Long Range Arena tasks (Tay et al., ICLR 2021) as cached PyTorch datasets.
-tokens: ListOps (19 ids, listops.py), Text and Retrieval (byte b -> id b+4, lra_files.py); each sequence ends with EOS
-pixels: Image (CIFAR-10 grey = 0.2989 R + 0.5870 G + 0.1140 B), Pathfinder 32² / PathX 128² / PathX-256 256² (8-bit)
-check:  splits, cache reuse and rebuilds, notes, and refusals to touch a user's files -> tests/test_lra_data.py
-prepare once: python lra_data.py --task pathfinder [--data-dir data] [--generate 200000] [--workers 8]
-
-Files are read as downloaded (readers: lra_files.py, listops.py): data_dir/{,lra_release/}listops-1000/
-basic_{train,val,test}.tsv, tsv_data/new_aan_pairs.{train,eval,test}.tsv, pathfinder{32,128,256}/<difficulty>/
-metadata/*.npy; data_dir/aclImdb/ or aclImdb*.tar.gz; data_dir/cifar-10-batches-py/ or cifar-10-python.tar.gz. The
-synthetic tasks (ListOps: listops.py, Pathfinder/PathX: pathfinder.py) are generated on request, only into an empty
-folder or our own. The arrays are cached once per source (lra_cache.py) and read back a row at a time (LRADataset).
+tokens: ListOps (19 ids, lra/listops.py), Text and Retrieval (byte b -> id b + 4, lra/files.py);
+        every sequence ends with EOS; a batch is padded to one of a few bucketed lengths (collate)
+pixels: Image (CIFAR-10 grey = 0.2989 R + 0.5870 G + 0.1140 B), Pathfinder 32², PathX 128²,
+        PathX-256 256² (8-bit grey)
+where:  the files as downloaded, or generated data for ListOps and Pathfinder/PathX
+        (lra/sources.py); cached once per source as arrays (lra/cache.py), read a row at a time
+check:  splits, cache reuse and rebuilds, notes, refusals to touch a user's files:
+        tests/test_lra_data.py
+prepare once: python lra_data.py --task pathfinder [--data-dir data] [--generate 200000]
 """
 import argparse
 import contextlib
 import hashlib
-import multiprocessing
 import os
 import signal
 import tempfile
@@ -25,17 +23,17 @@ import numpy as np
 import torch
 
 try:
-    import fcntl                                                         # POSIX file locks; absent on Windows
+    import fcntl  # POSIX file locks; absent on Windows
 except ImportError:
     fcntl = None
 
 from lra import cache as lra_cache
-from lra import files as lra_files
-from lra import listops, pathfinder
+from lra import sources
 from lra.cache import cache_root
-from lra.files import EOS, GENERATED_MARK, MASK, N_SPECIAL, PAD, DataError, describe_folder, plural, read_mark
+from lra.files import EOS, MASK, N_SPECIAL, PAD, DataError, plural  # noqa: F401  (MASK: heads.py's)
 from lra.listops import LISTOPS_SYMBOLS
 from lra.pathfinder import DIFFICULTIES, measure_speed
+
 
 @dataclass(frozen=True)
 class Task:
@@ -52,62 +50,47 @@ class Task:
 TASKS = {
     "listops":    Task(10, 2048, "tokens", N_SPECIAL + len(LISTOPS_SYMBOLS), 0.10, "mean"),
     "text":       Task(2, 4096, "tokens", N_SPECIAL + 256, 0.15, "mean"),
-    "retrieval":  Task(2, 4001, "tokens", N_SPECIAL + 256, 0.15, "mean", pair=True),   # 4000 bytes + EOS per document
+    # retrieval: 4000 bytes + EOS per document
+    "retrieval":  Task(2, 4001, "tokens", N_SPECIAL + 256, 0.15, "mean", pair=True),
     "image":      Task(10, 1024, "pixels", 256, 0.50, "mean", side=32),
     "pathfinder": Task(2, 1024, "pixels", 256, 0.50, "mean", side=32),
     "pathx":      Task(2, 16384, "pixels", 256, 0.50, "max", side=128),
     "pathx256":   Task(2, 65536, "pixels", 256, 0.50, "max", side=256),
 }
 PATHFINDER_TASKS = ("pathfinder", "pathx", "pathx256")
-DIFFICULTY = {name: d.folder for name, d in DIFFICULTIES.items()}     # "hard" -> "curv_contour_length_14"
-SPLIT_SEED = 42                # every split we carve ourselves; 42 reproduces S4's Pathfinder random_split
-LRA_DOWNLOAD = "download lra_release.gz from the LRA GitHub repo google-research/long-range-arena and unpack it into"
+# "hard" -> "curv_contour_length_14"
+DIFFICULTY = {name: d.folder for name, d in DIFFICULTIES.items()}
+SPLIT_SEED = 42  # every split we carve ourselves; 42 reproduces S4's Pathfinder random_split
 
-
-# ----------------------------------------------------------------------------- cache builders
-
-def _build_pathfinder(folder, side, workers, paths, labels, store):
-    if not paths:
-        raise DataError(f"{folder / 'metadata'}: the metadata files list no images")
-    jobs = [(paths[i: i + 256], side) for i in range(0, len(paths), 256)]
-    with multiprocessing.Pool(workers, pathfinder.start_worker, (os.getpid(),)) if workers > 1 else contextlib.nullcontext() as pool:
-        blocks = pool.imap(lra_files.read_pngs, jobs) if pool else map(lra_files.read_pngs, jobs)
-        return lra_cache.write_pixels(store, "all", labels, side * side, blocks)
-
-
-def _build_cifar(src, store):
-    sizes = {}
-    for part, (data, labels) in lra_files.cifar_batches(src).items():
-        sizes.update(lra_cache.write_pixels(store, part, labels, 1024, [lra_files.cifar_gray(data)]))
-    return sizes
-
-
-# ----------------------------------------------------------------------------- dataset, collate
 
 class LRADataset(torch.utils.data.Dataset):
-    """Examples `index` of one cached part; item = (x, label). Files are opened lazily in each process; pixel rows
-    are read one by one, so a PathX-sized cache never enters memory. notes: one-line strings on what reading the
-    source skipped, cut or found (see load)."""
+    """Examples `index` of one cached part; item = (x, label). Files are opened lazily in each
+    process; pixel rows are read one by one, so a PathX-sized cache never enters memory. notes:
+    one-line strings on what reading the source skipped, cut or found (see load)."""
 
     def __init__(self, task, store, part, index, source, max_len=None, notes=()):
-        self.task, self.store, self.part, self.index, self.source = task, Path(store), part, index, source
-        self.max_len = max_len                   # token tasks: keep the first max_len - 1 ids + EOS of each document
+        self.task, self.store, self.part, self.index, self.source = (
+            task, Path(store), part, index, source)
+        self.max_len = max_len  # token tasks: keep the first max_len - 1 ids + EOS of each document
         self.notes = list(notes)
-        self.labels = np.load(self.store / f"{part}.y.npy")[index]      # (n,) int64, for label balance / checks
+        # (n,) int64, for label balance / checks
+        self.labels = np.load(self.store / f"{part}.y.npy")[index]
         self._arrays = None
 
     def arrays(self):
         if self._arrays is None:
             if TASKS[self.task].kind == "pixels":
-                x = np.load(self.store / f"{self.part}.x.npy", mmap_mode="r")  # (N, L) uint8; only its header is used
-                self._arrays = open(x.filename, "rb"), x.offset, x.shape[1]     # file, where row 0 starts, L
+                # x: (N, L) uint8, only its header is used; _arrays: file, where row 0 starts, L
+                x = np.load(self.store / f"{self.part}.x.npy", mmap_mode="r")
+                self._arrays = open(x.filename, "rb"), x.offset, x.shape[1]
             else:
                 tok = self.store / f"{self.part}.tok"
-                ids = np.memmap(tok, np.uint16, mode="r") if tok.stat().st_size else np.zeros(0, np.uint16)
+                ids = (np.memmap(tok, np.uint16, mode="r") if tok.stat().st_size
+                       else np.zeros(0, np.uint16))
                 self._arrays = ids, np.load(self.store / f"{self.part}.off.npy")
         return self._arrays
 
-    def __getstate__(self):                      # DataLoader workers reopen the memmap instead of pickling its bytes
+    def __getstate__(self):  # DataLoader workers reopen the memmap instead of pickling its bytes
         return {**self.__dict__, "_arrays": None}
 
     def __len__(self):
@@ -116,44 +99,51 @@ class LRADataset(torch.utils.data.Dataset):
     def __getitem__(self, i):
         j, y = int(self.index[i]), int(self.labels[i])
         if TASKS[self.task].kind == "pixels":
-            # one row by a plain read: reading through a memmap would leave every page touched resident (PathX 3.3 GB)
+            # one row by a plain read: reading through a memmap would leave every page touched
+            # resident (PathX 3.3 GB)
             f, start, L = self.arrays()
             f.seek(start + j * L)
-            return torch.frombuffer(bytearray(f.read(L)), dtype=torch.uint8), y    # (L,) uint8
+            return torch.frombuffer(bytearray(f.read(L)), dtype=torch.uint8), y  # (L,) uint8
         ids, off = self.arrays()
-        docs = [ids[off[d]: off[d + 1]] for d in ((2 * j, 2 * j + 1) if TASKS[self.task].pair else (j,))]
-        if self.max_len:                                                 # cut before copying: keep max_len - 1 + EOS
-            docs = [np.append(d[: self.max_len - 1], np.uint16(EOS)) if len(d) > self.max_len else d for d in docs]
+        docs = [ids[off[d]: off[d + 1]]
+                for d in ((2 * j, 2 * j + 1) if TASKS[self.task].pair else (j,))]
+        if self.max_len:  # cut before copying: keep max_len - 1 + EOS
+            docs = [np.append(d[: self.max_len - 1], np.uint16(EOS)) if len(d) > self.max_len
+                    else d for d in docs]
         docs = [torch.from_numpy(d.astype(np.int64)) for d in docs]
         if len(docs) == 1:
-            return docs[0], y                                                    # (L,) int64
-        return torch.nn.utils.rnn.pad_sequence(docs, batch_first=True, padding_value=PAD), y   # (2, L_pair)
+            return docs[0], y  # (L,) int64
+        return torch.nn.utils.rnn.pad_sequence(docs, batch_first=True,
+                                               padding_value=PAD), y  # (2, L_pair)
 
 
 def bucket_length(L):
-    """The padded length of a token batch whose longest sequence has L tokens: the next of 2^k and 3·2^(k−1)
-    (..., 512, 768, 1024, 1536, ...), at most 1.5 × L. Two lengths per octave keep the FFT sizes (all 2^a·3) and the
-    shapes a compiled model sees few; padding never changes real outputs (tests/test_ssm.py, test_transformer.py)."""
-    p = 1 << (L - 1).bit_length()                                    # the power of two ≥ L
+    """The padded length of a token batch whose longest sequence has L tokens: the next of 2^k and
+    3·2^(k−1) (..., 512, 768, 1024, 1536, ...), at most 1.5 × L. Two lengths per octave keep the
+    FFT sizes (all 2^a·3) and the shapes a compiled model sees few; padding never changes real
+    outputs (tests/test_ssm.py, test_transformer.py)."""
+    p = 1 << (L - 1).bit_length()  # the power of two ≥ L
     return 3 * p // 4 if p >= 4 and 3 * p // 4 >= L else p
 
 
 def collate(batch):
-    """[(x, label)] -> (x, lengths, y): tokens padded with PAD to bucket_length of the batch's longest sequence,
-    pixels stacked (fixed length, no padding)."""
-    xs, y = [b[0] for b in batch], torch.tensor([int(b[1]) for b in batch], dtype=torch.long)    # y: (B,)
-    if xs[0].dtype == torch.uint8:                                   # pixels: fixed length, raw 0..255
-        x = torch.stack(xs)                                          # (B, L) uint8
+    """[(x, label)] -> (x, lengths, y): tokens padded with PAD to bucket_length of the batch's
+    longest sequence, pixels stacked (fixed length, no padding)."""
+    xs, y = [b[0] for b in batch], torch.tensor([int(b[1]) for b in batch],
+                                                dtype=torch.long)  # y: (B,)
+    if xs[0].dtype == torch.uint8:  # pixels: fixed length, raw 0..255
+        x = torch.stack(xs)  # (B, L) uint8
         return x, torch.full((len(xs),), x.size(1), dtype=torch.long), y
-    if xs[0].dim() == 2:                                             # retrieval: (2, L_pair) each
-        lengths = torch.stack([(x != PAD).sum(-1) for x in xs])     # (B, 2); real ids are never PAD
-        x = torch.full((len(xs), 2, bucket_length(int(lengths.max()))), PAD, dtype=torch.long)   # (B, 2, L)
+    if xs[0].dim() == 2:  # retrieval: (2, L_pair) each
+        lengths = torch.stack([(x != PAD).sum(-1) for x in xs])  # (B, 2); real ids are never PAD
+        x = torch.full((len(xs), 2, bucket_length(int(lengths.max()))), PAD,
+                       dtype=torch.long)  # (B, 2, L)
         for b, xb in enumerate(xs):
             n = int(lengths[b].max())
             x[b, :, :n] = xb[:, :n]
         return x, lengths, y
     lengths = torch.tensor([len(x) for x in xs], dtype=torch.long)  # (B,)
-    x = torch.full((len(xs), bucket_length(int(lengths.max()))), PAD, dtype=torch.long)   # (B, L)
+    x = torch.full((len(xs), bucket_length(int(lengths.max()))), PAD, dtype=torch.long)  # (B, L)
     for b, xb in enumerate(xs):
         x[b, : len(xb)] = xb
     return x, lengths, y
@@ -168,251 +158,101 @@ def normalize(x, task):                          # x: (B, L) uint8 -> (B, L) flo
     raise DataError(f"normalize: {task!r} is not a pixel task")
 
 
-# ----------------------------------------------------------------------------- finding (or generating) the source
-
-def _release_path(data_dir, rel):                # data_dir/rel or the unpacked release data_dir/lra_release/rel
-    candidates = [data_dir / rel, data_dir / "lra_release" / rel, data_dir / "lra_release" / "lra_release" / rel]
-    found = [c for c in candidates if c.exists()]
-    if len(found) > 1:
-        raise DataError(f"{rel} is there twice, {found[0]} and {found[1]}; which one to read is not clear: move or "
-                        f"delete one of them (or point --data-dir at the folder that holds the one you mean)")
-    return found[0] if found else candidates[0]
-
-
-def _source_text(folder):
-    if (folder / GENERATED_MARK).exists():
-        return f"generated by lra_data.py (not the official release) at {folder}"
-    return f"release-format files, not generated by lra_data.py, at {folder}"
-
-
-def _generate(make, folder, *args, **kw):
-    """make(*args, **kw), a generator writing into `folder`: its FileExistsError (someone's data) and OSError (a full
-    disk, a quota, a read-only folder; the generator removed a folder it had just made) as one-line DataErrors."""
-    try:
-        return make(*args, **kw)
-    except FileExistsError as e:
-        raise DataError(str(e)) from None
-    except OSError as e:
-        raise DataError(f"cannot write the generated data into {folder} ({e.strerror or e}; "
-                        f"{lra_files.free_space(folder)}): free some space or generate elsewhere (--data-dir); "
-                        f"nothing half-made was left by this run") from None
-
-
-def _half_made(task, folder, total, done, data_dir, difficulty):
-    """The error for a generated folder that holds `done` of the `total` examples its mark records."""
-    again = f"python lra_data.py --task {task} --data-dir {data_dir} --generate {total}" + \
-        f" --difficulty {difficulty}" * (task in PATHFINDER_TASKS)
-    return DataError(f"{folder} holds {done:,} of the {total:,} examples its generator was asked for (a run stopped "
-                     f"half way; it is never trained on): complete it with {again}, or delete {folder}")
-
-
-def _find_imdb(data_dir):
-    for root in (data_dir / "aclImdb", data_dir):           # the unpacked folder, or data_dir is that folder
-        if all((root / s / lab).is_dir() for s in ("train", "test") for lab in ("pos", "neg")):
-            return root
-    tars = sorted(data_dir.glob("aclImdb*.tar.gz"), key=lambda p: (p.name != "aclImdb_v1.tar.gz", p.name))
-    if tars:
-        return tars[0]
-    raise DataError(f"no IMDB reviews: looked for {data_dir / 'aclImdb'}/{{train,test}}/{{pos,neg}}/, "
-                    f"{data_dir}/{{train,test}}/{{pos,neg}}/ and {data_dir}/aclImdb*.tar.gz; download "
-                    f"aclImdb_v1.tar.gz from Stanford's Large Movie Review Dataset (aclImdb) page into {data_dir}")
-
-
-def _locate_listops(data_dir, generate):
-    folder = _release_path(data_dir, "listops-1000")
-    files = [folder / f"basic_{p}.tsv" for p in ("train", "val", "test")]
-    mark = read_mark(folder)
-    if mark and "n_train" in mark and not all(f.exists() for f in files):      # ours, stopped half way
-        total = mark["n_train"] + mark["n_val"] + mark["n_test"]
-        if generate != total:
-            done = sum(sum(1 for _ in open(f)) - 1 for f in files if f.exists())
-            raise _half_made("listops", folder, total, done, data_dir, "hard")
-        return _generate(listops.generate_listops, folder, folder.parent, **mark), files
-    if all(f.exists() for f in files):
-        return folder, files
-    if tsvs := sorted(p.name for p in data_dir.glob("*.tsv")):             # never generate next to someone's data
-        above = "point --data-dir at the folder above it" if data_dir.name == "listops-1000" else \
-            f"place them as {data_dir / 'listops-1000'}/basic_{{train,val,test}}.tsv (the original label<TAB>" \
-            f"expression format is read too)"
-        raise DataError(f"found ListOps-like files {', '.join(tsvs[:4])} in {data_dir} itself, not "
-                        f"listops-1000/basic_{{train,val,test}}.tsv: {above}, or generate into an empty folder "
-                        f"(--data-dir <empty folder>)")
-    if generate:
-        n_eval = max(1, generate // 50)                              # 96000/2000/2000 for --generate 100000
-        folder = _generate(listops.generate_listops, folder, folder.parent, generate - 2 * n_eval, n_eval, n_eval)
-        return folder, files
-    missing = next(f for f in files if not f.exists())
-    raise DataError(f"no ListOps file {missing} (also looked under lra_release/); {LRA_DOWNLOAD} {data_dir}, "
-                    f"or generate data: python lra_data.py --task listops --data-dir {data_dir} --generate 100000")
-
-
-def _looks_like_a_pathfinder_folder(data_dir):   # what says data_dir is a difficulty (or pathfinder32/) folder itself
-    signs = [s for s in ("imgs", "metadata") if (data_dir / s).is_dir()]
-    signs += ["PNG files"] * any(data_dir.glob("*.png")) + [p.name for p in sorted(data_dir.glob("curv_*"))[:2]]
-    return ", ".join(signs)
-
-
-def _locate_pathfinder(task, data_dir, difficulty, generate, workers):
-    side = TASKS[task].side
-    rel = Path(f"pathfinder{side}") / DIFFICULTIES[difficulty].folder
-    folder = _release_path(data_dir, rel)
-    mark = read_mark(folder)
-    if mark and "n" in mark and (todo := pathfinder.unfinished_batches(folder, mark)):   # ours, stopped half way
-        if generate != mark["n"]:
-            per_batch = mark.get("per_batch", 1000)
-            done = mark["n"] - sum(min(per_batch, mark["n"] - k * per_batch) for k in todo)
-            raise _half_made(task, folder, mark["n"], done, data_dir, difficulty)
-        _generate(pathfinder.generate_pathfinder, folder, folder.parents[1], workers=workers, **mark)
-    if not lra_files.metadata_files(folder):
-        if signs := _looks_like_a_pathfinder_folder(data_dir):
-            raise DataError(f"--data-dir {data_dir} holds {signs}: it looks like a Pathfinder folder itself; point "
-                            f"--data-dir at the folder above pathfinder{side}/ (read: <data-dir>/{rel}/metadata/)")
-        if generate:                                 # it refuses a folder holding files it did not make
-            per_core = pathfinder.IMAGES_PER_CORE_S[side]           # PathX: 200,000 images are minutes of every core
-            print(f"generating {generate:,} {task} images into {folder}: about {generate / per_core / workers / 60:.1f} "
-                  f"min on {workers} cores ({per_core:g} images/s per core, measured on a CPU here)", flush=True)
-            folder = _generate(pathfinder.generate_pathfinder, folder, folder.parents[1], res=side, n=generate,
-                               contour_length=DIFFICULTIES[difficulty].contour_length, seed=0, workers=workers)
-    if not lra_files.metadata_files(folder):
-        found = f"; {describe_folder(folder)}" if folder.is_dir() else ""
-        into = "<empty folder>" if found and not (folder / GENERATED_MARK).exists() else data_dir
-        raise DataError(f"no {task} files: looked for {folder / 'metadata'}/*.npy (also under lra_release/){found}; "
-                        f"{LRA_DOWNLOAD} {data_dir}, or generate data: python lra_data.py --task {task} "
-                        f"--data-dir {into} --difficulty {difficulty} --generate 200000")
-    paths, labels, index_notes = lra_files.pathfinder_index(folder, side)
-
-    def build(store, notes):
-        notes += index_notes
-        return _build_pathfinder(folder, side, workers, paths, labels, store)
-    return folder, lra_files.metadata_files(folder) + paths, build
-
-
-def _locate(task, data_dir, difficulty, generate, workers):
-    """-> (source folder or file, description, files read (for the stamp), build(store, notes) -> sizes)."""
-    max_len = TASKS[task].max_len
-    if task == "listops":
-        folder, files = _locate_listops(data_dir, generate)
-        build = lambda store, notes: lra_cache.write_tokens(store, listops.listops_rows(folder, max_len, notes))
-        return folder, _source_text(folder), files, build
-    if task == "retrieval":
-        folder = _release_path(data_dir, "tsv_data")
-        files = [folder / f"new_aan_pairs.{p}.tsv" for p in ("train", "eval", "test")]
-        if missing := [f for f in files if not f.exists()]:
-            raise DataError(f"no retrieval file {missing[0]} (also looked under lra_release/); "
-                            f"{LRA_DOWNLOAD} {data_dir}")
-        build = lambda store, notes: lra_cache.write_tokens(store, lra_files.aan_rows(folder, max_len, notes))
-        return folder, _source_text(folder), files, build
-    if task == "text":
-        src = _find_imdb(data_dir)
-        build = lambda store, notes: lra_cache.write_tokens(store, lra_files.imdb_rows(src, max_len, notes))
-        return src, f"IMDB (Maas et al. 2011) at {src}", lra_files.imdb_files(src), build
-    if task == "image":
-        tar = lra_files.CIFAR_TAR
-        src = next((p for p in (data_dir / "cifar-10-batches-py", data_dir / tar) if p.exists()), None)
-        if src is None:
-            raise DataError(f"no CIFAR-10: looked for {data_dir / 'cifar-10-batches-py'}/ and {data_dir / tar}; "
-                            f"download {tar} from Krizhevsky's CIFAR-10 page into {data_dir}")
-        build = lambda store, notes: _build_cifar(src, store)
-        return src, f"CIFAR-10 python batches at {src}", lra_files.cifar_files(src), build
-    folder, files, build = _locate_pathfinder(task, data_dir, difficulty, generate, workers)
-    return folder, _source_text(folder), files, build
-
-
-def _count_note(task, folder, sizes, generate, difficulty):
-    """A note when --generate asked for another number of examples than the folder holds (nothing is replaced)."""
-    total = sum(sizes.values())
-    if not generate or total == generate or not (task == "listops" or task in PATHFINDER_TASKS):
-        return []
-    parts = f" ({' / '.join(f'{v:,}' for v in sizes.values())})" if len(sizes) > 1 else ""
-    if not (folder / GENERATED_MARK).exists():
-        return [f"--generate {generate:,} ignored: {folder} holds {total:,} examples{parts} not made by this repo's "
-                f"generators, read as they are (never replaced)"]
-    again = f"python lra_data.py --task {task} --data-dir <empty folder> --generate {generate}" + \
-        f" --difficulty {difficulty}" * (task in PATHFINDER_TASKS)
-    return [f"{folder} holds {total:,} generated examples{parts}, not the {generate:,} asked for, and is used as it "
-            f"is: to get {generate:,}, delete {folder} (made by this repo's generator) and run again, or run {again}"]
-
-
 def _split(task, split, sizes, lra_val):
     """-> (cached part, indices into it) for train/val/test."""
-    if task in PATHFINDER_TASKS:                 # no official split: 80/10/10 by random_split order, as S4 does
+    if task in PATHFINDER_TASKS:  # no official split: 80/10/10 by random_split order, as S4 does
         n = sizes["all"]
         n_val = n_test = int(0.1 * n)
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
-        bounds = {"train": (0, n - n_val - n_test), "val": (n - n_val - n_test, n - n_test), "test": (n - n_test, n)}
+        bounds = {"train": (0, n - n_val - n_test), "val": (n - n_val - n_test, n - n_test),
+                  "test": (n - n_test, n)}
         lo, hi = bounds[split]
         return "all", np.sort(perm[lo:hi])
-    if task in ("text", "image"):                # no official val split: carve 10% of train, unless the LRA habit
+    # no official val split: carve 10% of train, unless the LRA habit
+    if task in ("text", "image"):
         if split == "test" or (split == "val" and lra_val):
             return "test", np.arange(sizes["test"])
         if lra_val:
             return "train", np.arange(sizes["train"])
-        perm = torch.randperm(sizes["train"], generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
+        perm = torch.randperm(sizes["train"],
+                              generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
         n_val = sizes["train"] // 10
         return "train", np.sort(perm[:n_val] if split == "val" else perm[n_val:])
-    return split, np.arange(sizes.get(split, 0))  # listops, retrieval: the release's own train/val(eval)/test
+    # listops, retrieval: the release's own train/val(eval)/test
+    return split, np.arange(sizes.get(split, 0))
 
 
-# ----------------------------------------------------------------------------- load, CLI
+# ---------------------------------------------------------------- load, CLI
 
-def load(task, split, data_dir="data", *, keep=None, data_fraction=1.0, lra_val=False, difficulty="hard",
-         cache_dir=None, generate=None, workers=1, max_len=None):
-    """LRADataset of (x, label) for one split of an LRA task, read through the cache (built on first use).
-    x: (L,) int64 token ids ending in EOS, (2, L) for retrieval, or (side²,) uint8 pixels; label int.
 
-    keep=N (None or 0: all) and data_fraction=f (train only) keep a prefix of one fixed permutation of the split
-    (seed 0): the first round(f·n) examples, then at most N of them, in their original order, so smaller subsets nest in larger
-    ones (train.py: --data-fraction and --max-train on train, --max-eval on val and test). lra_val (text, image):
-    validate on the test set and train on all of train, as LRA did; the other tasks have their own validation split.
-    difficulty picks the Pathfinder/PathX folder. generate=N makes N examples of a synthetic task when its files
-    are missing, only into an absent or empty folder (or one our generator made, which it completes if a run was
-    stopped half way); nothing is ever overwritten.
-    max_len (text, retrieval; >= 2) cuts each document to its first max_len - 1 bytes + EOS, below LRA's 4096/4000,
-    for CPU-sized runs. ListOps cannot be cut (the answer needs the whole expression): generate shorter ones instead.
-    The cache is rebuilt when any source file read changes its size or mtime (every TSV, review, batch file,
-    archive, metadata file and listed PNG is stat'ed; contents are not hashed).
-    .notes lists, one line each, what was skipped, empty or cut while reading (kept in the cache's meta.json, so a
-    reused cache reports them too) and a count that differs from `generate`: the same list for every split of a
-    source; load does not print them (the CLI does).
-    Raises DataError (one line) for bad arguments, missing, ambiguous, half-made or malformed files, folders it will
-    not write into, and a disk too full for the cache.
+def load(task, split, data_dir="data", *, keep=None, data_fraction=1.0, lra_val=False,
+         difficulty="hard", cache_dir=None, generate=None, workers=1, max_len=None):
+    """LRADataset of (x, label) for one split of an LRA task, read through the cache (built on
+    first use). x: (L,) int64 token ids ending in EOS, (2, L) for retrieval, or (side²,) uint8
+    pixels; label int.
+
+    keep=N (None or 0: all) and data_fraction=f (train only) keep a prefix of one fixed
+    permutation of the split (seed 0): the first round(f·n) examples, then at most N of them, in
+    their original order, so smaller subsets nest in larger ones (train.py: --data-fraction and
+    --max-train on train, --max-eval on val and test). lra_val (text, image): validate on the test
+    set and train on all of train, as LRA did; the other tasks have their own validation split.
+    difficulty picks the Pathfinder/PathX folder. generate=N makes N examples of a synthetic task
+    when its files are missing, only into an absent or empty folder (or one our generator made,
+    which it completes if a run was stopped half way); nothing is ever overwritten.
+    max_len (text, retrieval; >= 2) cuts each document to its first max_len - 1 bytes + EOS,
+    below LRA's 4096/4000, for CPU-sized runs. ListOps cannot be cut (the answer needs the whole
+    expression): generate shorter ones instead.
+    The cache is rebuilt when any source file read changes its size or mtime (every TSV, review,
+    batch file, archive, metadata file and listed PNG is stat'ed; contents are not hashed).
+    .notes lists, one line each, what was skipped, empty or cut while reading (kept in the cache's
+    meta.json, so a reused cache reports them too) and a count that differs from `generate`: the
+    same list for every split of a source; load does not print them (the CLI does).
+    Raises DataError (one line) for bad arguments, missing, ambiguous, half-made or malformed
+    files, folders it will not write into, and a disk too full for the cache.
     """
     if task not in TASKS:
         raise DataError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if max_len is not None and (task not in ("text", "retrieval") or max_len < 2):
-        raise DataError(f"max_len={max_len}: only text and retrieval documents can be cut, to at least 2 tokens "
-                        f"(ListOps: generate shorter expressions; pixel tasks have a fixed length)")
-    if (split not in ("train", "val", "test") or difficulty not in DIFFICULTIES or not 0 < data_fraction <= 1
-            or (generate is not None and generate < 10)):
-        raise DataError(f"bad arguments split={split!r} (train/val/test), difficulty={difficulty!r} "
+        raise DataError(f"max_len={max_len}: only text and retrieval documents can be cut, to at "
+                        f"least 2 tokens (ListOps: generate shorter expressions; pixel tasks have "
+                        f"a fixed length)")
+    if (split not in ("train", "val", "test") or difficulty not in DIFFICULTIES
+            or not 0 < data_fraction <= 1 or (generate is not None and generate < 10)):
+        raise DataError(f"bad arguments split={split!r} (train/val/test), "
+                        f"difficulty={difficulty!r} "
                         f"({'/'.join(DIFFICULTIES)}), data_fraction={data_fraction} (0 < f <= 1), "
                         f"generate={generate} (>= 10)")
     data_dir = Path(data_dir)
-    src, source, files, build = _locate(task, data_dir, difficulty, generate, workers)
+    src, source, files, build = sources.locate(task, TASKS[task], data_dir, difficulty, generate,
+                                               workers)
     name = f"{task}-{difficulty}" if task in PATHFINDER_TASKS else task
-    store = cache_root(data_dir, cache_dir) / f"{name}-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:10]}"
-    need = len(files) * TASKS[task].max_len if task in PATHFINDER_TASKS else None     # PathX: 3.3 GB
+    store = cache_root(data_dir, cache_dir) / (
+        f"{name}-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:10]}")
+    need = len(files) * TASKS[task].max_len if task in PATHFINDER_TASKS else None  # PathX: 3.3 GB
     sizes, notes = lra_cache.cached(store, src.resolve(), lra_cache.stamp(src, files), build, need)
-    notes = notes + _count_note(task, src, sizes, generate, difficulty)
+    notes = notes + sources.count_note(task, src, sizes, generate, difficulty)
     part, index = _split(task, split, sizes, lra_val)
     if len(index) == 0:
-        raise DataError(f"{task}: the {split} split read from {src} is empty; check the files there (or generate more)")
-    n = max(1, round((data_fraction if split == "train" else 1.0) * len(index)))   # the fraction: of train only
+        raise DataError(f"{task}: the {split} split read from {src} is empty; check the files "
+                        f"there (or generate more)")
+    # the fraction: of train only
+    n = max(1, round((data_fraction if split == "train" else 1.0) * len(index)))
     n = min(keep or n, n)
-    if n < len(index):                          # a prefix of one fixed permutation: fractions and caps nest
+    if n < len(index):  # a prefix of one fixed permutation: fractions and caps nest
         perm = torch.randperm(len(index), generator=torch.Generator().manual_seed(0)).numpy()
         index = index[np.sort(perm[:n])]
-    if max_len is not None:                     # cut at read time (the cache keeps LRA's length): say how many
+    if max_len is not None:  # cut at read time (the cache keeps LRA's length): say how many
         cut = _cut_count(store, part, index, max_len, TASKS[task].pair)
-        notes = notes + [f"--max-len {max_len}: {plural(cut, 'document')} of the {split} split cut to {max_len - 1} "
-                         f"tokens + EOS"] * (cut > 0)
+        notes = notes + [f"--max-len {max_len}: {plural(cut, 'document')} of the {split} split "
+                         f"cut to {max_len - 1} tokens + EOS"] * (cut > 0)
     return LRADataset(task, store, part, index, source, max_len, notes)
 
 
 @contextlib.contextmanager
 def file_lock(path):
-    """Wait for an exclusive lock on `path` (created if absent) and hold it for the block; the OS drops it when the
-    process dies, so a killed process never leaves a stale lock. Without fcntl (Windows) there is no lock."""
+    """Wait for an exclusive lock on `path` (created if absent) and hold it for the block; the OS
+    drops it when the process dies, so a killed process never leaves a stale lock. Without fcntl
+    (Windows) there is no lock."""
     if fcntl is None:
         yield
         return
@@ -422,39 +262,52 @@ def file_lock(path):
 
 
 def load_splits(args):
-    """The train, val and test LRADatasets of a train.py run (args: its task, data_dir, generate, difficulty,
-    cache_dir, lra_val, max_len, max_train, max_eval, data_fraction; see load), generated and cached under a file
-    lock per data folder, so the processes of a DDP run (or two runs) prepare the data once and wait, never on a
-    collective's timeout. Raises DataError (one line)."""
+    """The train, val and test LRADatasets of a train.py run (args: its task, data_dir, generate,
+    difficulty, cache_dir, lra_val, max_len, max_train, max_eval, data_fraction; see load),
+    generated and cached under a file lock per data folder, so the processes of a DDP run (or two
+    runs) prepare the data once and wait, never on a collective's timeout. Raises DataError (one
+    line)."""
     digest = hashlib.sha1(str(Path(args.data_dir).resolve()).encode()).hexdigest()[:12]
-    with file_lock(Path(tempfile.gettempdir()) / f"lra-prepare-{digest}.lock"):    # the other processes wait here
-        return {split: load(args.task, split, args.data_dir, generate=args.generate or None, lra_val=args.lra_val,
-                            difficulty=args.difficulty, cache_dir=args.cache_dir, workers=os.cpu_count() or 1,
-                            max_len=args.max_len, keep=args.max_train if split == "train" else args.max_eval,
+    # the other processes wait here
+    with file_lock(Path(tempfile.gettempdir()) / f"lra-prepare-{digest}.lock"):
+        return {split: load(args.task, split, args.data_dir, generate=args.generate or None,
+                            lra_val=args.lra_val, difficulty=args.difficulty,
+                            cache_dir=args.cache_dir, workers=os.cpu_count() or 1,
+                            max_len=args.max_len,
+                            keep=args.max_train if split == "train" else args.max_eval,
                             data_fraction=args.data_fraction)
                 for split in ("train", "val", "test")}
 
 
 def _cut_count(store, part, index, max_len, pair):
-    """How many documents of the examples `index` of a cached token part are longer than max_len."""
-    lengths = np.diff(np.load(store / f"{part}.off.npy"))                # (documents,)
+    """How many documents of the examples `index` of a cached token part are longer than
+    max_len."""
+    lengths = np.diff(np.load(store / f"{part}.off.npy"))  # (documents,)
     docs = np.stack([2 * index, 2 * index + 1], 1).ravel() if pair else index
     return int((lengths[docs] > max_len).sum())
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Read (or generate) one LRA task and cache it; prints source, sizes, "
-                                            "label balance and notes on what was skipped or cut.")
+    p = argparse.ArgumentParser(description="Read (or generate) one LRA task and cache it; prints "
+                                            "source, sizes, label balance and notes on what was "
+                                            "skipped or cut.")
     p.add_argument("--task", choices=TASKS, default="pathfinder", help=", ".join(TASKS))
-    p.add_argument("--data-dir", default="data", help="downloads: lra_release/ unpacked, aclImdb, CIFAR-10")
-    p.add_argument("--generate", type=int, default=None, help="synthetic tasks: N examples if missing")
-    p.add_argument("--workers", type=int, default=1, help="processes for reading or generating images")
-    p.add_argument("--cache-dir", default=None, help="default: <data-dir>/cache if writable, else ./data/cache")
-    p.add_argument("--difficulty", choices=DIFFICULTIES, default="hard", help="pathfinder tasks: contour 6, 9 or 14")
-    p.add_argument("--lra-val", action="store_true", help="text, image: validate on the test set, as LRA did")
-    p.add_argument("--speed", action="store_true", help="pathfinder tasks: images/s of the generator")
-    p.error = lambda message: (print(f"lra_data.py: error: {message} (python lra_data.py --help lists the flags)",
-                                     file=sys.stderr), sys.exit(2))
+    p.add_argument("--data-dir", default="data",
+                   help="downloads: lra_release/ unpacked, aclImdb, CIFAR-10")
+    p.add_argument("--generate", type=int, default=None,
+                   help="synthetic tasks: N examples if missing")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes for reading or generating images")
+    p.add_argument("--cache-dir", default=None,
+                   help="default: <data-dir>/cache if writable, else ./data/cache")
+    p.add_argument("--difficulty", choices=DIFFICULTIES, default="hard",
+                   help="pathfinder tasks: contour 6, 9 or 14")
+    p.add_argument("--lra-val", action="store_true",
+                   help="text, image: validate on the test set, as LRA did")
+    p.add_argument("--speed", action="store_true",
+                   help="pathfinder tasks: images/s of the generator")
+    p.error = lambda message: (print(f"lra_data.py: error: {message} (python lra_data.py --help "
+                                     f"lists the flags)", file=sys.stderr), sys.exit(2))
     args = p.parse_args(argv)
     if args.generate is not None and args.generate < 10:
         p.error(f"--generate {args.generate} must be at least 10")
@@ -464,20 +317,24 @@ def main(argv=None):
         if path and Path(path).exists() and not Path(path).is_dir():
             p.error(f"{flag} {path} is a file, not a folder")
     if args.speed and args.task not in PATHFINDER_TASKS:
-        p.error(f"--speed measures the Pathfinder generator: use it with --task {' / '.join(PATHFINDER_TASKS)}")
+        p.error(f"--speed measures the Pathfinder generator: use it with "
+                f"--task {' / '.join(PATHFINDER_TASKS)}")
     if args.speed:
         res = TASKS[args.task].side
         contour_length = DIFFICULTIES[args.difficulty].contour_length
         rate = measure_speed(res, contour_length)
-        load_1, load_5, load_15 = os.getloadavg()              # speed depends on what else runs: print the load too
-        print(f"pathfinder{res} contour {contour_length}: {rate:.1f} images/s per core | load average "
-              f"{load_1:.2f} {load_5:.2f} {load_15:.2f} (1/5/15 min, this run included) on {os.cpu_count()} CPUs")
+        # speed depends on what else runs: print the load too
+        load_1, load_5, load_15 = os.getloadavg()
+        print(f"pathfinder{res} contour {contour_length}: {rate:.1f} images/s per core | load "
+              f"average {load_1:.2f} {load_5:.2f} {load_15:.2f} (1/5/15 min, this run included) "
+              f"on {os.cpu_count()} CPUs")
         return 0
     stop_on_sigterm()
     try:
         for split in ("train", "val", "test"):
-            ds = load(args.task, split, args.data_dir, lra_val=args.lra_val, difficulty=args.difficulty,
-                      cache_dir=args.cache_dir, generate=args.generate, workers=args.workers)
+            ds = load(args.task, split, args.data_dir, lra_val=args.lra_val,
+                      difficulty=args.difficulty, cache_dir=args.cache_dir, generate=args.generate,
+                      workers=args.workers)
             if split == "train":
                 print(f"source: {ds.source}\ncache:  {ds.store}")
                 print("".join(f"note: {note}\n" for note in ds.notes), end="")
@@ -488,8 +345,9 @@ def main(argv=None):
         print(f"lra_data.py: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"lra_data.py: stopped by {STOP['cause']}; a half-built cache was removed; data being generated is "
-              f"left half made, and the same command completes it", file=sys.stderr)
+        print(f"lra_data.py: stopped by {STOP['cause']}; a half-built cache was removed; "
+              f"data being "
+              f"generated is left half made, and the same command completes it", file=sys.stderr)
         return 130
     return 0
 
@@ -498,7 +356,8 @@ STOP = {"cause": "Ctrl-C"}
 
 
 def stop_on_sigterm():
-    """SIGTERM (a scheduler's time limit, `kill`) stops the command as Ctrl-C does: workers stopped, caches cleaned."""
+    """SIGTERM (a scheduler's time limit, `kill`) stops the command as Ctrl-C does: workers
+    stopped, caches cleaned."""
     def stop(signum, frame):
         STOP["cause"] = "SIGTERM"
         raise KeyboardInterrupt

@@ -1,13 +1,15 @@
 """presets.py: every setting a `--preset` decides, and where each number comes from.
-paper: model sizes and learning rates of Amos, Berant & Gupta (ICLR 2024): Table 2 (Transformer sizes), Table 4
-       (Transformer fine-tuning / SPT learning rates), Table 5 (per-phase learning rates and batch sizes of S4 and
-       DLR with SPT, and of DLR from scratch) and App. C.1.2 (PathX-256); S4 from scratch and the epochs, batch sizes
-       and model sizes the tables leave out come from the authors' released configs and S4's LRA configs (Gu et al.,
-       ICLR 2022). Each model's function (transformer_paper, s4_paper, dlr_paper: train.MODELS names them) gives the
+paper: model sizes and learning rates of Amos, Berant & Gupta (ICLR 2024): Table 2 (Transformer
+       sizes), Table 4 (Transformer fine-tuning / SPT learning rates), Table 5 (per-phase learning
+       rates and batch sizes of S4 and DLR with SPT, and of DLR from scratch) and App. C.1.2
+       (PathX-256); S4 from scratch and the epochs, batch sizes and model sizes the tables leave out
+       come from the authors' released configs and S4's LRA configs (Gu et al., ICLR 2022). Each
+       model's function (transformer_paper, s4_paper, dlr_paper: train.MODELS names them) gives the
        source of every value; `python presets.py` prints them all (results/paper_presets.md).
 tiny / small: CPU-sized runs of the real tasks (no toy task), our own choice (cpu_values).
-Explicit command-line flags always win over a preset (apply_presets, one merge); check_combinations holds the checks
-that involve several flags (each flag's own range is checked where train.py declares it).
+Explicit command-line flags always win over a preset (apply_presets, one merge); check_combinations
+holds the checks that involve several flags (each flag's own range is checked where train.py
+declares it).
 """
 import dataclasses
 import os
@@ -17,18 +19,22 @@ import torch
 
 import lra_data
 
-# ---- paper: model sizes ------------------------------------------------------------------------------------------
+# ---- paper: model sizes --------------------------------------------------------------------------
 
-TRANSFORMER_SIZE = {  # rotary, pre-norm (paper Table 2; heads and FFN widths from the authors' configs)
+# rotary, pre-norm (paper Table 2; heads and FFN widths from the authors' configs)
+TRANSFORMER_SIZE = {
     "listops": dict(n_layers=6, d_model=512, n_heads=8, d_ff=2048),
     "text": dict(n_layers=6, d_model=512, n_heads=8, d_ff=2048),
     "retrieval": dict(n_layers=4, d_model=128, n_heads=4, d_ff=512),
-    "image": dict(n_layers=3, d_model=64, n_heads=4, d_ff=128),                    # FFN 2D in the authors' config
+    "image": dict(n_layers=3, d_model=64, n_heads=4, d_ff=128),  # FFN 2D in the authors' config
     "pathfinder": dict(n_layers=4, d_model=128, n_heads=8, d_ff=128),
-    "pathx": dict(n_layers=4, d_model=128, n_heads=4, d_ff=128, block_size=4096),  # block-local attention
+    # block-local attention
+    "pathx": dict(n_layers=4, d_model=128, n_heads=4, d_ff=128, block_size=4096),
     "pathx256": dict(n_layers=4, d_model=128, n_heads=4, d_ff=128, block_size=4096),
 }
-SSM_SIZE = {  # S4: bidirectional, N = 64, HiPPO-LegS, GLU (paper §4 after S4's configs); DLR: the same with LayerNorm
+# S4: bidirectional, N = 64, HiPPO-LegS, GLU (paper §4 after S4's configs); DLR: the same with
+# LayerNorm
+SSM_SIZE = {
     "listops": dict(n_layers=8, d_model=128, norm="batch", prenorm=False),
     "text": dict(n_layers=6, d_model=256, norm="batch", prenorm=True),
     "retrieval": dict(n_layers=6, d_model=256, norm="batch", prenorm=True),
@@ -38,23 +44,28 @@ SSM_SIZE = {  # S4: bidirectional, N = 64, HiPPO-LegS, GLU (paper §4 after S4's
     "pathx256": dict(n_layers=6, d_model=256, norm="batch", prenorm=True, dt_min=1e-4),
 }
 
-# ---- paper: optimisation, per phase --------------------------------------------------------------------------------
-# (lr, batch_size, pretrain_lr, pretrain_batch_size); None = the table leaves it out (filled in below, with a source)
+# ---- paper: optimisation, per phase --------------------------------------------------------------
+# (lr, batch_size, pretrain_lr, pretrain_batch_size); None = the table leaves it out (filled in
+# below, with a source)
 
-TABLE4_TRANSFORMER_LR = {"listops": (1e-4, 1e-3), "text": (5e-4, 5e-4), "retrieval": (5e-4, 5e-3),   # (FT, SPT)
-                         "image": (1e-3, 1e-3), "pathfinder": (5e-4, 1e-3), "pathx": (5e-4, 1e-3),
-                         "pathx256": (5e-4, 1e-3)}                                 # PathX-256: PathX's (no row)
+TABLE4_TRANSFORMER_LR = {  # (FT, SPT)
+    "listops": (1e-4, 1e-3), "text": (5e-4, 5e-4), "retrieval": (5e-4, 5e-3),
+    "image": (1e-3, 1e-3), "pathfinder": (5e-4, 1e-3), "pathx": (5e-4, 1e-3),
+    "pathx256": (5e-4, 1e-3)}                                       # PathX-256: PathX's (no row)
 TABLE5 = {
-    ("s4", "spt"): {"listops": (1e-3, 16, 1e-3, 128), "text": (5e-4, 16, 5e-4, 8), "retrieval": (5e-4, 256, 5e-4, 8),
-                    "image": (1e-3, 512, 1e-3, 32), "pathfinder": (1e-3, 64, 1e-3, 8), "pathx": (1e-3, 64, 1e-3, 8),
-                    "pathx256": (1e-3, 64, 1e-3, 8)},                              # PathX-256: App. C.1.2
-    ("dlr", "spt"): {"listops": (5e-4, 16, 1e-3, 128), "text": (1e-3, 16, 5e-4, 8), "image": (1e-3, 64, 1e-3, 32),
-                     "pathx": (5e-4, 64, 5e-4, 8)},
-    ("dlr", "tfs"): {"listops": (5e-4, 16), "text": (5e-4, 16), "image": (5e-4, 64), "pathx": (5e-4, 64)},
-    ("s4", "tfs"): {"pathx256": (1e-4, 16)},                                       # App. C.1.2
+    ("s4", "spt"): {"listops": (1e-3, 16, 1e-3, 128), "text": (5e-4, 16, 5e-4, 8),
+                    "retrieval": (5e-4, 256, 5e-4, 8), "image": (1e-3, 512, 1e-3, 32),
+                    "pathfinder": (1e-3, 64, 1e-3, 8), "pathx": (1e-3, 64, 1e-3, 8),
+                    "pathx256": (1e-3, 64, 1e-3, 8)},               # PathX-256: App. C.1.2
+    ("dlr", "spt"): {"listops": (5e-4, 16, 1e-3, 128), "text": (1e-3, 16, 5e-4, 8),
+                     "image": (1e-3, 64, 1e-3, 32), "pathx": (5e-4, 64, 5e-4, 8)},
+    ("dlr", "tfs"): {"listops": (5e-4, 16), "text": (5e-4, 16), "image": (5e-4, 64),
+                     "pathx": (5e-4, 64)},
+    ("s4", "tfs"): {"pathx256": (1e-4, 16)},                        # App. C.1.2
 }
-# S4's LRA configs (Gu et al. 2022): batch size and epochs of each task; S4 from scratch trains at lr 0.01 (PathX
-# 5e-4), weight decay 0.05 (paper §4). Warm-up: about one epoch, our choice (the papers do not print it).
+# S4's LRA configs (Gu et al. 2022): batch size and epochs of each task; S4 from scratch trains at
+# lr 0.01 (PathX 5e-4), weight decay 0.05 (paper §4). Warm-up: about one epoch, our choice (the
+# papers do not print it).
 S4_CONFIG = {
     "listops": dict(batch_size=50, epochs=40, warmup=2000),
     "text": dict(batch_size=16, epochs=32, warmup=5000),
@@ -64,25 +75,32 @@ S4_CONFIG = {
     "pathx": dict(batch_size=32, epochs=50, warmup=5000),
     "pathx256": dict(batch_size=32, epochs=50, warmup=5000),
 }
-# The authors' Transformer configs: batch 32 everywhere (Image fine-tuning 50), epochs (fine-tuning, SPT), warm-up
-# within their 2,000-5,000 steps. Their learning rates are placeholders: Table 4's are used.
-TRANSFORMER_CONFIG = {"listops": (100, 100, 2000), "text": (65, 32, 5000), "retrieval": (32, 32, 2500),
-                      "image": (200, 50, 2000), "pathfinder": (200, 50, 2500), "pathx": (200, 200, 5000),
-                      "pathx256": (200, 200, 5000)}                                # PathX-256: PathX's (no config)
-SPT_EPOCHS = {("s4", "listops"): 100}       # the authors' S4 SPT config; elsewhere SPT gets the fine-tuning epochs
-PAPER_GENERATE = {"listops": 100_000, "pathfinder": 200_000, "pathx": 200_000, "pathx256": 200_000}  # LRA's sizes
-# (model, task, phase) -> the largest micro-batch that fits 80 GB in bf16 with 10 % headroom (memory.py's estimate,
-# results/memory.md); a larger paper batch is split into micro-batches (accum_steps): the same update, except that
-# BatchNorm (S4 here) normalises each micro-batch with its own statistics, as it does each DDP process's rows
+# The authors' Transformer configs: batch 32 everywhere (Image fine-tuning 50), epochs (fine-tuning,
+# SPT), warm-up within their 2,000-5,000 steps. Their learning rates are placeholders: Table 4's are
+# used.
+TRANSFORMER_CONFIG = {"listops": (100, 100, 2000), "text": (65, 32, 5000),
+                      "retrieval": (32, 32, 2500), "image": (200, 50, 2000),
+                      "pathfinder": (200, 50, 2500), "pathx": (200, 200, 5000),
+                      "pathx256": (200, 200, 5000)}                 # PathX-256: PathX's (no config)
+# the authors' S4 SPT config; elsewhere SPT gets the fine-tuning epochs
+SPT_EPOCHS = {("s4", "listops"): 100}
+PAPER_GENERATE = {"listops": 100_000, "pathfinder": 200_000, "pathx": 200_000,  # LRA's sizes
+                  "pathx256": 200_000}
+# (model, task, phase) -> the largest micro-batch that fits 80 GB in bf16 with 10 % headroom
+# (memory.py's estimate, results/memory.md); a larger paper batch is split into micro-batches
+# (accum_steps): the same update, except that BatchNorm (S4 here) normalises each micro-batch with
+# its own statistics, as it does each DDP process's rows
 MAX_MICRO_BATCH = {("s4", "retrieval", "finetune"): 128, ("dlr", "retrieval", "finetune"): 128,
                    ("s4", "pathx256", "finetune"): 16, ("dlr", "pathx256", "finetune"): 16}
 
 
 def ssm_row(model, task, spt, s4_batch):
-    """((lr, batch_size, pretrain_lr, pretrain_batch_size), source) of S4 or DLR on `task`, with or without SPT."""
+    """((lr, batch_size, pretrain_lr, pretrain_batch_size), source) of S4 or DLR on `task`, with or
+    without SPT."""
     phase = "spt" if spt else "tfs"
     if task in TABLE5.get((model, phase), {}):
-        row, source = TABLE5[model, phase][task], "paper App. C.1.2" if task == "pathx256" else "paper Table 5"
+        row, source = (TABLE5[model, phase][task],
+                       "paper App. C.1.2" if task == "pathx256" else "paper Table 5")
     elif model == "dlr" and task == "pathx256":
         row, source = TABLE5["dlr", phase]["pathx"], "paper Table 5 (DLR's PathX row)"
     elif model == "dlr" and spt:
@@ -90,30 +108,35 @@ def ssm_row(model, task, spt, s4_batch):
     elif model == "dlr":
         row, source = (5e-4, s4_batch), "paper Table 5 (DLR's lr from scratch; S4's batch)"
     else:
-        row, source = (5e-4 if task == "pathx" else 1e-2, s4_batch), "paper §4 (S4 from scratch) + S4's config"
-    return (row if len(row) == 4 else (*row, *row)), source          # from scratch: SPT settings are unused
+        row, source = ((5e-4 if task == "pathx" else 1e-2, s4_batch),
+                       "paper §4 (S4 from scratch) + S4's config")
+    return (row if len(row) == 4 else (*row, *row)), source  # from scratch: SPT settings are unused
 
 
 def per_phase_accum(values, model, task):
-    """accum_steps and pretrain_accum_steps: the micro-batches that make each phase's batch fit (MAX_MICRO_BATCH)."""
+    """accum_steps and pretrain_accum_steps: the micro-batches that make each phase's batch fit
+    (MAX_MICRO_BATCH)."""
     for phase, batch, accum in (("finetune", "batch_size", "accum_steps"),
                                 ("spt", "pretrain_batch_size", "pretrain_accum_steps")):
-        values[accum] = -(-values[batch] // MAX_MICRO_BATCH.get((model, task, phase), values[batch]))
+        values[accum] = -(-values[batch]
+                          // MAX_MICRO_BATCH.get((model, task, phase), values[batch]))
     return values
 
 
 def transformer_paper(task, spt):
-    """(values, sources) of `--preset paper` for the Transformer on `task` (the same with or without SPT)."""
+    """(values, sources) of `--preset paper` for the Transformer on `task` (the same with or without
+    SPT)."""
     values = dict(generate=PAPER_GENERATE.get(task), max_train=0, max_eval=0, dropout=0.0)
     epochs, pretrain_epochs, warmup = TRANSFORMER_CONFIG[task]
     lr, pretrain_lr = TABLE4_TRANSFORMER_LR[task]
     values.update(TRANSFORMER_SIZE[task], weight_decay=0.0, lr=lr, pretrain_lr=pretrain_lr,
                   batch_size=50 if task == "image" else 32, pretrain_batch_size=32, epochs=epochs,
                   pretrain_epochs=pretrain_epochs, warmup=warmup)
-    sources = dict.fromkeys(["generate", "max_train", "max_eval", "dropout"], "LRA's sizes, all data, no dropout")
+    sources = dict.fromkeys(["generate", "max_train", "max_eval", "dropout"],
+                            "LRA's sizes, all data, no dropout")
     sources.update(dict.fromkeys(TRANSFORMER_SIZE[task], "paper Table 2 + authors' config"))
-    sources.update(dict.fromkeys(["batch_size", "pretrain_batch_size", "epochs", "pretrain_epochs", "warmup"],
-                                 "authors' Transformer config"))
+    sources.update(dict.fromkeys(["batch_size", "pretrain_batch_size", "epochs", "pretrain_epochs",
+                                  "warmup"], "authors' Transformer config"))
     sources.update(lr="paper Table 4", pretrain_lr="paper Table 4", weight_decay="paper §4 (none)",
                    accum_steps="ours (fits 80 GB)", pretrain_accum_steps="ours (fits 80 GB)")
     return per_phase_accum(values, "transformer", task), sources
@@ -122,18 +145,23 @@ def transformer_paper(task, spt):
 def ssm_paper(model, task, spt):
     """(values, sources) of `--preset paper` for S4 or DLR on `task`, with or without SPT."""
     values = dict(generate=PAPER_GENERATE.get(task), max_train=0, max_eval=0, dropout=0.0)
-    values.update(SSM_SIZE[task], d_state=64 if model == "s4" else 1024, weight_decay=0.05, **S4_CONFIG[task])
-    if model == "dlr":                                                  # "as S4 with LayerNorm" (paper §4)
+    values.update(SSM_SIZE[task], d_state=64 if model == "s4" else 1024, weight_decay=0.05,
+                  **S4_CONFIG[task])
+    if model == "dlr":                                    # "as S4 with LayerNorm" (paper §4)
         values.update(norm="layer", prenorm=True)
-    sources = dict.fromkeys(["generate", "max_train", "max_eval", "dropout"], "LRA's sizes, all data, no dropout")
-    sources.update(dict.fromkeys([*SSM_SIZE[task], "d_state", "weight_decay"], "paper §4 (S4's configs)"))
-    sources.update(batch_size="S4's LRA config", epochs="S4's LRA config", warmup="ours (about 1 epoch)")
+    sources = dict.fromkeys(["generate", "max_train", "max_eval", "dropout"],
+                            "LRA's sizes, all data, no dropout")
+    sources.update(dict.fromkeys([*SSM_SIZE[task], "d_state", "weight_decay"],
+                                 "paper §4 (S4's configs)"))
+    sources.update(batch_size="S4's LRA config", epochs="S4's LRA config",
+                   warmup="ours (about 1 epoch)")
     per_phase = ["lr", "batch_size", "pretrain_lr", "pretrain_batch_size"]
     row, source = ssm_row(model, task, spt, values["batch_size"])
     values.update(zip(per_phase, row))
     sources.update(dict.fromkeys(per_phase, source))
     values["pretrain_epochs"] = SPT_EPOCHS.get((model, task), values["epochs"])
-    sources["pretrain_epochs"] = "authors' S4 SPT config" if (model, task) in SPT_EPOCHS else "= fine-tuning epochs"
+    sources["pretrain_epochs"] = ("authors' S4 SPT config" if (model, task) in SPT_EPOCHS
+                                  else "= fine-tuning epochs")
     sources.update(accum_steps="ours (fits 80 GB)", pretrain_accum_steps="ours (fits 80 GB)")
     return per_phase_accum(values, model, task), sources
 
@@ -149,189 +177,235 @@ def dlr_paper(task, spt):
 
 
 def borrow(paper, name):
-    """Another model's paper values, for a model the paper never ran (a fork): the same (values, sources), each
-    source saying "borrowed from <name>" (train.py prints a note). Use as paper=presets.borrow(presets.dlr_paper,
-    "dlr") in its train.MODELS entry."""
+    """Another model's paper values, for a model the paper never ran (a fork): the same (values,
+    sources), each source saying "borrowed from <name>" (train.py prints a note). Use as
+    paper=presets.borrow(presets.dlr_paper, "dlr") in its train.MODELS entry."""
     def borrowed(task, spt):
         values, sources = paper(task, spt)
         return values, {k: f"borrowed from {name}: {v}" for k, v in sources.items()}
     return borrowed
 
 
-# ---- tiny / small: CPU-sized runs ----------------------------------------------------------------------------------
-# `generate` = examples made (80/10/10; ListOps 96/2/2) when a synthetic task's files are absent; max_train / max_eval
-# cap the examples used, so the run time does not depend on what is on disk. Both phases get the same epochs and
-# batch size (--pretrain-batch-size follows --batch-size).
+# ---- tiny / small: CPU-sized runs ----------------------------------------------------------------
+# `generate` = examples made (80/10/10; ListOps 96/2/2) when a synthetic task's files are absent;
+# max_train / max_eval cap the examples used, so the run time does not depend on what is on disk.
+# Both phases get the same epochs and batch size (--pretrain-batch-size follows --batch-size).
 CPU_MODEL = {
-    "tiny": dict(d_model=32, n_layers=2, d_state=64, n_heads=4, d_ff=64, dropout=0.0, weight_decay=0.01, lr=2e-3,
-                 pretrain_lr=2e-3, warmup=20),
-    "small": dict(d_model=64, n_layers=4, d_state=64, n_heads=4, d_ff=128, dropout=0.0, weight_decay=0.01, lr=2e-3,
-                  pretrain_lr=2e-3, warmup=100),
+    "tiny": dict(d_model=32, n_layers=2, d_state=64, n_heads=4, d_ff=64, dropout=0.0,
+                 weight_decay=0.01, lr=2e-3, pretrain_lr=2e-3, warmup=20),
+    "small": dict(d_model=64, n_layers=4, d_state=64, n_heads=4, d_ff=128, dropout=0.0,
+                  weight_decay=0.01, lr=2e-3, pretrain_lr=2e-3, warmup=100),
 }
 CPU_TASK = {  # task: (epochs, batch size, examples generated, max_train, max_eval)
     "tiny": {"listops": (3, 32, 12000, 1000, 240), "text": (2, 16, None, 500, 200),
              "retrieval": (2, 16, None, 400, 100), "image": (3, 32, None, 2000, 500),
-             "pathfinder": (2, 32, 2500, 2000, 250), "pathx": (1, 16, 800, 640, 80), "pathx256": (1, 8, 100, 80, 10)},
+             "pathfinder": (2, 32, 2500, 2000, 250), "pathx": (1, 16, 800, 640, 80),
+             "pathx256": (1, 8, 100, 80, 10)},
     "small": {"listops": (10, 32, 50000, 10000, 1000), "text": (4, 16, None, 2500, 500),
               "retrieval": (4, 16, None, 2000, 500), "image": (10, 32, None, 10000, 1000),
               "pathfinder": (10, 32, 12000, 9600, 1200), "pathx": (3, 16, 2500, 2000, 250),
               "pathx256": (2, 8, 500, 400, 50)},
 }
-# Where a model is much slower on a CPU than DLR, the CPU presets give it 1/share of the examples (and smaller batches,
-# so it takes as many steps): S4's NPLR kernel at L = 16,384, the Transformer's attention on the long tasks.
-CPU_SHARE = {("s4", "pathx"): 4, ("s4", "pathx256"): 4, ("transformer", "pathx"): 20, ("transformer", "pathx256"): 20,
-             ("transformer", "listops"): 4, ("transformer", "text"): 4, ("transformer", "retrieval"): 4}
+# Where a model is much slower on a CPU than DLR, the CPU presets give it 1/share of the examples
+# (and smaller batches, so it takes as many steps): S4's NPLR kernel at L = 16,384, the
+# Transformer's attention on the long tasks.
+CPU_SHARE = {("s4", "pathx"): 4, ("s4", "pathx256"): 4, ("transformer", "pathx"): 20,
+             ("transformer", "pathx256"): 20, ("transformer", "listops"): 4,
+             ("transformer", "text"): 4, ("transformer", "retrieval"): 4}
 
 
 def cpu_values(preset, model, task):
-    """Every setting a CPU preset ("tiny", "small") decides for (model, task): training flags and model-config
-    fields. Flags given explicitly on the command line override these (apply_presets)."""
+    """Every setting a CPU preset ("tiny", "small") decides for (model, task): training flags and
+    model-config fields. Flags given explicitly on the command line override these
+    (apply_presets)."""
     epochs, batch, generate, max_train, max_eval = CPU_TASK[preset][task]
     share = CPU_SHARE.get((model, task), 1)
     batch = max(4, batch // share)
     return {**CPU_MODEL[preset], "epochs": epochs, "pretrain_epochs": epochs, "batch_size": batch,
-            "generate": generate, "max_train": max_train // share, "max_eval": max(16, max_eval // share),
-            "accum_steps": 1, "pretrain_accum_steps": 1}           # SPT batch: --batch-size's (apply_presets)
+            "generate": generate, "max_train": max_train // share,
+            "max_eval": max(16, max_eval // share),
+            "accum_steps": 1, "pretrain_accum_steps": 1}   # SPT batch: --batch-size's
+                                                           # (apply_presets)
 
 
 def model_config(Config, task, values, causal=False):
-    """The backbone config for `task`: the fields of `values` (a preset's, plus explicit flags) that the config class
-    Config has, the input kind of the task (tokens: vocab_size; pixels: d_input = 2, value + mask indicator), and
-    causal (Transformer) / bidirectional (S4, DLR). Raises ValueError (from the config) for impossible values."""
+    """The backbone config for `task`: the fields of `values` (a preset's, plus explicit flags) that
+    the config class Config has, the input kind of the task (tokens: vocab_size; pixels: d_input =
+    2, value + mask indicator), and causal (Transformer) / bidirectional (S4, DLR). Raises
+    ValueError (from the config) for impossible values."""
     spec = lra_data.TASKS[task]
     kw = {**values, "vocab_size": spec.vocab_size if spec.kind == "tokens" else None,
-          "d_input": 1 if spec.kind == "tokens" else 2, "causal": causal, "bidirectional": not causal}
+          "d_input": 1 if spec.kind == "tokens" else 2, "causal": causal,
+          "bidirectional": not causal}
     fields = {f.name for f in dataclasses.fields(Config)}
     return Config(**{k: v for k, v in kw.items() if k in fields})
 
 
-# ---- one merge of preset and flags; the checks of several flags at once -------------------------------------------
+# ---- one merge of preset and flags; the checks of several flags at once --------------------------
 
 def preset_values(preset, name, entry, task, spt):
-    """Every setting `preset` decides for model `name` (entry: its train.MODELS entry) on `task`, with or without
-    SPT: training flags and model-config fields. Raises ValueError for --preset paper of a model without paper values."""
+    """Every setting `preset` decides for model `name` (entry: its train.MODELS entry) on `task`,
+    with or without SPT: training flags and model-config fields. Raises ValueError for --preset
+    paper of a model without paper values."""
     if preset != "paper":
         return cpu_values(preset, name, task)
     if entry.paper is None:
-        raise ValueError(f"--preset paper: the paper has no values for {name} (its MODELS entry says paper=None); "
-                         f"use --preset tiny or small, or borrow another model's: "
-                         f"paper=presets.borrow(presets.dlr_paper, \"dlr\")")
+        raise ValueError(f"--preset paper: the paper has no values for {name} (its MODELS entry "
+                         f"says paper=None); use --preset tiny or small, or borrow another "
+                         f"model's: paper=presets.borrow(presets.dlr_paper, \"dlr\")")
     return entry.paper(task, spt)[0]
 
 
 def apply(args, entry):
-    """Merge the preset's values into args, in one place: an explicit flag (not None) wins; then the defaults that
-    follow from the task and the model (pooling, mask ratio, the RTD generator's width). entry: the model's
-    train.MODELS entry. Returns the model-config fields (of entry.Config) the preset or the flags decide, and the
-    notes to print. A paper batch is split into micro-batches of this process's rows (memory per process)."""
+    """Merge the preset's values into args, in one place: an explicit flag (not None) wins; then the
+    defaults that follow from the task and the model (pooling, mask ratio, the RTD generator's
+    width). entry: the model's train.MODELS entry. Returns the model-config fields (of
+    entry.Config) the preset or the flags decide, and the notes to print. A paper batch is split
+    into micro-batches of this process's rows (memory per process)."""
     args.preset = args.preset or ("paper" if torch.cuda.is_available() else "tiny")
     fields = {f.name for f in dataclasses.fields(entry.Config)}
     config_kw, notes = {}, []
-    if args.preset == "paper" and entry.paper and "borrowed from" in str(entry.paper(args.task, args.spt)[1]):
-        notes.append(f"note: --preset paper: the paper has no {args.model} run; its values are borrowed "
-                     f"(python presets.py names each source)")
-    accum_given = {k for k in ("accum_steps", "pretrain_accum_steps") if getattr(args, k) is not None}
+    if (args.preset == "paper" and entry.paper
+            and "borrowed from" in str(entry.paper(args.task, args.spt)[1])):
+        notes.append(f"note: --preset paper: the paper has no {args.model} run; its values are "
+                     f"borrowed (python presets.py names each source)")
+    accum_given = {k for k in ("accum_steps", "pretrain_accum_steps")
+                   if getattr(args, k) is not None}
     for key, value in preset_values(args.preset, args.model, entry, args.task, args.spt).items():
         if hasattr(args, key):
             setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
         else:
             config_kw[key] = value
     config_kw.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
-    if args.pretrain_batch_size is None:                                  # CPU presets: one batch size
+    if args.pretrain_batch_size is None:                  # CPU presets: one batch size
         args.pretrain_batch_size = args.batch_size
-    world = int(os.environ.get("WORLD_SIZE", 1))                          # DDP: torchrun's processes
+    world = int(os.environ.get("WORLD_SIZE", 1))          # DDP: torchrun's processes
     for phase, batch, accum in (("finetune", "batch_size", "accum_steps"),
                                 ("spt", "pretrain_batch_size", "pretrain_accum_steps")):
-        most = MAX_MICRO_BATCH.get((args.model, args.task, phase)) if args.preset == "paper" else None
-        per_process = -(-getattr(args, batch) // world)                   # rows of a global batch per process
-        if most and accum not in accum_given:      # memory per process: split this process's rows, not the card's
+        most = (MAX_MICRO_BATCH.get((args.model, args.task, phase)) if args.preset == "paper"
+                else None)
+        per_process = -(-getattr(args, batch) // world)   # rows of a global batch per process
+        # memory per process: split this process's rows, not the card's
+        if most and accum not in accum_given:
             setattr(args, accum, -(-per_process // most))
         if world > 1 and per_process <= 1 and (phase == "finetune" or args.spt):
-            notes.append(f"note: --{batch.replace('_', '-')} {getattr(args, batch)} over {world} processes leaves "
-                         f"each process at most one example per step (its GPU mostly waits; BatchNorm normalises "
-                         f"one example)")
-    if args.causal and config_kw.get("norm") == "batch":   # BatchNorm over time would leak the future in training
+            notes.append(f"note: --{batch.replace('_', '-')} {getattr(args, batch)} over {world} "
+                         f"processes leaves each process at most one example per step (its GPU "
+                         f"mostly waits; BatchNorm normalises one example)")
+    # BatchNorm over time would leak the future in training
+    if args.causal and config_kw.get("norm") == "batch":
         config_kw["norm"] = "layer"
-        notes.append("note: causal model: LayerNorm instead of the preset's BatchNorm (whose statistics over the "
-                     "time axis would let earlier positions see later ones in training)")
+        notes.append("note: causal model: LayerNorm instead of the preset's BatchNorm (whose "
+                     "statistics over the time axis would let earlier positions see later ones "
+                     "in training)")
     task = lra_data.TASKS[args.task]
     args.pool = args.pool or task.pool
     args.mask_ratio = task.mask_ratio if args.mask_ratio is None else args.mask_ratio
-    step = 2 * config_kw.get("n_heads", 1) if args.model == "transformer" else 1   # even heads (rotary pairs)
-    if args.gen_width is None:                                            # rtd: ELECTRA's generator, 1/4 as wide
+    # even heads (rotary pairs)
+    step = 2 * config_kw.get("n_heads", 1) if args.model == "transformer" else 1
+    if args.gen_width is None:                            # rtd: ELECTRA's generator, 1/4 as wide
         args.gen_width = max(step, config_kw["d_model"] // 4 // step * step)
     return config_kw, notes
 
 
 def check(args, config_kw, entry, objective):
-    """The checks that involve several flags (or a flag and the disk), after the presets are applied; returns the
-    backbone config (entry: the model's train.MODELS entry, objective: the --objective's OBJECTIVES entry). Raises
-    ValueError with one line naming the flags (train.py prints it and exits with status 2)."""
+    """The checks that involve several flags (or a flag and the disk), after the presets are
+    applied; returns the backbone config (entry: the model's train.MODELS entry, objective: the
+    --objective's OBJECTIVES entry). Raises ValueError with one line naming the flags (train.py
+    prints it and exits with status 2)."""
     task = lra_data.TASKS[args.task]
     if args.spt and (why := objective.refuse(args)):
         raise ValueError(why)
     if args.spt and args.init_from:
-        raise ValueError("--init-from already supplies a pre-trained backbone: drop --spt (or --init-from)")
-    if args.init_from and not args.resume and not Path(args.init_from).is_file():   # resume: last.pt has it all
+        raise ValueError("--init-from already supplies a pre-trained backbone: drop --spt (or "
+                         "--init-from)")
+    # resume: last.pt has it all
+    if args.init_from and not args.resume and not Path(args.init_from).is_file():
         raise ValueError(f"--init-from {args.init_from}: no such checkpoint file")
     if args.cache_dir and Path(args.cache_dir).exists() and not Path(args.cache_dir).is_dir():
-        raise ValueError(f"--cache-dir {args.cache_dir} is a file, not a folder: pass a folder for the cache")
-    if args.max_len is not None and (args.task not in ("text", "retrieval") or not 2 <= args.max_len <= task.max_len):
-        raise ValueError(f"--max-len {args.max_len}: only text and retrieval documents can be cut, to "
-                         f"2..{task.max_len} tokens (ListOps answers need the whole expression; pixel tasks have a "
-                         f"fixed length)")
-    if args.data_dir != "data" and not Path(args.data_dir).is_dir():  # a typo must not silently generate data there
-        raise ValueError(f"--data-dir {args.data_dir}: no such folder (synthetic tasks are generated only into an "
-                         f"existing folder or the default ./data)")
+        raise ValueError(f"--cache-dir {args.cache_dir} is a file, not a folder: pass a folder for "
+                         f"the cache")
+    if args.max_len is not None and (args.task not in ("text", "retrieval")
+                                     or not 2 <= args.max_len <= task.max_len):
+        raise ValueError(f"--max-len {args.max_len}: only text and retrieval documents can be "
+                         f"cut, to 2..{task.max_len} tokens (ListOps answers need the whole "
+                         f"expression; pixel tasks have a fixed length)")
+    # a typo must not silently generate data there
+    if args.data_dir != "data" and not Path(args.data_dir).is_dir():
+        raise ValueError(f"--data-dir {args.data_dir}: no such folder (synthetic tasks are "
+                         f"generated only into an existing folder or the default ./data)")
     if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} is a file, not a folder: pass a folder for the run folders")
+        raise ValueError(f"--out {args.out} is a file, not a folder: pass a folder for the run "
+                         f"folders")
     try:
-        if args.spt and objective.head == "rtd":                         # the generator: same family, narrower
+        if args.spt and objective.head == "rtd":          # the generator: same family, narrower
             model_config(entry.Config, args.task, {**config_kw, "d_model": args.gen_width,
                                                    "n_layers": args.gen_layers})
         return model_config(entry.Config, args.task, config_kw, args.causal)
     except ValueError as e:
-        raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, --dropout, "
-                         f"--gen-width, --gen-layers or the preset)") from None
+        raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, "
+                         f"--dropout, --gen-width, --gen-layers or the preset)") from None
 
 
-# ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------------------------
+# ---- the objectives' own checks (train.OBJECTIVES' `refuse`)
+
+def needs_causal(args):
+    """--objective causal needs a causal model."""
+    return None if args.causal else ("--objective causal trains next-token prediction, which a "
+                                     "bidirectional model solves by looking ahead: add --causal")
+
+
+def not_on_image(args):
+    """--objective rtd samples replacements: none for Image's L1 targets."""
+    return None if args.task != "image" else ("--objective rtd samples replacements from a "
+                                              "distribution, and Image's L1 targets have none: "
+                                              "use masked or span")
+
+
+
+# ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------
 
 def paper_table(models):
-    """Markdown rows: every `--preset paper` value that differs by run (model, task, TFS / SPT), with its source.
-    models: train.MODELS (the entries without paper values are left out)."""
-    keys = ["lr", "pretrain_lr", "batch_size", "pretrain_batch_size", "accum_steps", "pretrain_accum_steps", "epochs",
-            "pretrain_epochs", "warmup", "weight_decay"]
-    rows = ["| model | task | run | " + " | ".join(keys) + " | sources |", "|---" * (len(keys) + 4) + "|"]
+    """Markdown rows: every `--preset paper` value that differs by run (model, task, TFS / SPT),
+    with its source. models: train.MODELS (the entries without paper values are left out)."""
+    keys = ["lr", "pretrain_lr", "batch_size", "pretrain_batch_size", "accum_steps",
+            "pretrain_accum_steps", "epochs", "pretrain_epochs", "warmup", "weight_decay"]
+    rows = ["| model | task | run | " + " | ".join(keys) + " | sources |",
+            "|---" * (len(keys) + 4) + "|"]
     for model, entry in models.items():
         for task in lra_data.TASKS:
-            runs = [(False, "TFS and SPT")] if model == "transformer" else [(False, "TFS"), (True, "SPT")]
+            runs = ([(False, "TFS and SPT")] if model == "transformer"
+                    else [(False, "TFS"), (True, "SPT")])
             for spt, run in runs if entry.paper else []:
                 values, sources = entry.paper(task, spt)
-                by_source = {}                                         # source -> the keys it gave
+                by_source = {}                            # source -> the keys it gave
                 for k in keys:
                     by_source.setdefault(sources[k], []).append(k)
                 cited = "; ".join(f"{source}: {', '.join(ks)}" for source, ks in by_source.items())
-                rows.append(f"| {model} | {task} | {run} | " + " | ".join(f"{values[k]:g}" for k in keys) +
-                            f" | {cited} |")
+                rows.append(f"| {model} | {task} | {run} | "
+                            + " | ".join(f"{values[k]:g}" for k in keys) + f" | {cited} |")
     return rows
 
 
 def main(argv=None):
-    """python presets.py [--out FILE]: the paper-preset table, checked flags, one line on a bad one."""
+    """python presets.py [--out FILE]: the paper-preset table, checked flags, one line on a bad
+    one."""
     import argparse
     import sys
 
-    import train                                                         # MODELS: train.py declares them
-    p = argparse.ArgumentParser(description="Print every --preset paper value and its source (markdown).")
+    import train                                          # MODELS: train.py declares them
+    p = argparse.ArgumentParser(description="Print every --preset paper value and its source "
+                                            "(markdown).")
     p.add_argument("--out", default=None, help="write the table here instead of printing it")
     p.error = lambda m: (print(f"presets.py: error: {m}", file=sys.stderr), sys.exit(2))
     args = p.parse_args(argv)
     if args.out and Path(args.out).is_dir():
         p.error(f"--out {args.out} is a folder: pass a file name, e.g. results/paper_presets.md")
     text = "\n".join(["# `--preset paper`: every value and its source", "",
-                      "Written by `python presets.py --out results/paper_presets.md` (tests/test_paper_presets.py "
-                      "checks that it is current). Sizes: docs/presets.md.", "", *paper_table(train.MODELS)])
+                      "Written by `python presets.py --out results/paper_presets.md` "
+                      "(tests/test_paper_presets.py checks that it is current). Sizes: "
+                      "docs/presets.md.", "",
+                      *paper_table(train.MODELS)])
     if args.out:
         Path(args.out).write_text(text + "\n")
     else:

@@ -1,13 +1,18 @@
 """runs.py: a training run on disk and across processes, the plumbing under train.py.
-run folder:  runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/ with config.json, log.txt, log.jsonl, spt.pt, best.pt,
-             last.pt, results.json; every file is written whole or not at all (temporary file, then rename), and a
-             write that fails (a full disk, a quota, a read-only folder) stops the run in one line, exit 2
-resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stopped run continues exactly; a lock
-             keeps one writer per folder; a finished, damaged or incompatible run is refused in one line
-stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line naming where, and the --resume command
-DDP:         every process reads the whole global batch and keeps its rows; sums of metrics are added over processes
-device:      --device checked, --precision decided once (bf16 / fp16 + scaler / tf32 / fp32), loaders that feed a GPU
-Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints, faults, bad flags).
+run folder:  runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/: config.json, log.txt, log.jsonl,
+             spt.pt, best.pt, last.pt, results.json, each written whole or not at all (temp file +
+             rename); a failed write (full disk, quota, read-only) stops the run: one line, exit 2
+resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stopped run continues
+             exactly; a lock keeps one writer per folder; a finished, damaged or incompatible run
+             is refused in one line
+stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line naming where, and the
+             --resume command
+DDP:         every process reads the whole global batch and keeps its rows; sums of metrics are
+             added over processes
+device:      --device checked, --precision decided once (bf16 / fp16 + scaler / tf32 / fp32),
+             loaders that feed a GPU
+Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints,
+faults, bad flags).
 """
 import argparse
 import contextlib
@@ -20,7 +25,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from functools import cache
 from pathlib import Path
@@ -29,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 try:
-    import fcntl                                                         # POSIX file locks; absent on Windows
+    import fcntl  # POSIX file locks; absent on Windows
 except ImportError:
     fcntl = None
 
@@ -38,10 +42,10 @@ def rank():
     return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
 
 
-# ---- messages, flags ----------------------------------------------------------------------------------------------
+# ---- messages, flags -----------------------------------------------------------------------------
 
 def fail(message):
-    """Bad input: one line on stderr (from rank 0 only, under torchrun) and exit status 2, never a traceback."""
+    """Bad input: one line on stderr (rank 0 only, under torchrun), exit status 2, no traceback."""
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"train.py: error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -58,7 +62,8 @@ def number(kind, ok, rule):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}")
         if not ok(value):
             raise argparse.ArgumentTypeError(f"{value:g} {rule}")
         return value
@@ -72,9 +77,11 @@ def at_least(low):
 
 def in_range(low, high, open_low=False, open_high=False):
     """An argparse type: a number in [low, high], ( or ) where open."""
-    ok = lambda v: (low < v if open_low else low <= v) and (v < high if open_high else v <= high)  # noqa: E731
-    return number(float, ok, f"must be in {'(' if open_low else '['}{low:g}, {high:g}{')' if open_high else ']'}"
-                  if high != float("inf") else f"must be {'>' if open_low else '>='} {low:g}")
+    ok = lambda v: ((low < v if open_low else low <= v)  # noqa: E731
+                    and (v < high if open_high else v <= high))
+    return number(float, ok, f"must be in {'(' if open_low else '['}{low:g}, {high:g}"
+                  f"{')' if open_high else ']'}" if high != float("inf")
+                  else f"must be {'>' if open_low else '>='} {low:g}")
 
 
 def free_space(path):
@@ -87,32 +94,35 @@ def free_space(path):
 
 def cannot_write(path, error):
     """The one line for a write that failed: the path, why, the space left there."""
-    fail(f"cannot write {path} ({error.strerror or error}; {free_space(path)}): free some space or pass another "
-         f"--out / --cache-dir; the files written before are intact")
+    fail(f"cannot write {path} ({error.strerror or error}; {free_space(path)}): free some space or "
+         f"pass another --out / --cache-dir; the files written before are intact")
 
 
 def write_whole(path, write):
-    """write(tmp) fills a temporary file next to `path`, then it replaces path: a kill or a full disk mid-write leaves
-    the old file intact and no temporary behind. OSError (no space, quota, read-only) -> cannot_write."""
+    """write(tmp) fills a temporary file next to `path`, then it replaces path: a kill or a full
+    disk mid-write leaves the old file intact and no temporary behind. OSError (no space, quota,
+    read-only) -> cannot_write."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         write(tmp)
         os.replace(tmp, path)
-    except BaseException as e:                                           # also Ctrl-C halfway through torch.save
+    except BaseException as e:                      # also Ctrl-C halfway through torch.save
         tmp.unlink(missing_ok=True)
         if isinstance(e, OSError) or isinstance(getattr(e, "__cause__", None), OSError):
             cannot_write(path, e if isinstance(e, OSError) else e.__cause__)
-        if isinstance(e, RuntimeError) and "write" in str(e).lower():   # torch's zip writer wraps the OSError
+        # torch's zip writer wraps the OSError
+        if isinstance(e, RuntimeError) and "write" in str(e).lower():
             cannot_write(path, OSError(28, str(e).splitlines()[0]))
         raise
 
 
 def log(folder, line, record=None):
-    """Print one line; rank 0 also appends it to folder/log.txt (and `record` to log.jsonl) once folder is set."""
+    """Print one line; rank 0 also appends it to folder/log.txt (`record` to log.jsonl) once set."""
     print(line, flush=True)
     if folder is None or rank() > 0:
         return
-    for name, text in (("log.txt", line), ("log.jsonl", None if record is None else json.dumps(record))):
+    for name, text in (("log.txt", line),
+                       ("log.jsonl", None if record is None else json.dumps(record))):
         if text is not None:
             try:
                 with open(folder / name, "a") as f:
@@ -121,14 +131,14 @@ def log(folder, line, record=None):
                 cannot_write(folder / name, e)
 
 
-# ---- stops: Ctrl-C and SIGTERM ------------------------------------------------------------------------------------
+# ---- stops: Ctrl-C and SIGTERM -------------------------------------------------------------------
 
 STOP = {"cause": "Ctrl-C"}
 
 
 def stop_on_sigterm():
-    """SIGTERM (a scheduler's time limit, `kill`) raises KeyboardInterrupt, so it stops a run as Ctrl-C does; left
-    alone when the caller (the GPU check) has a handler of its own."""
+    """SIGTERM (a scheduler's time limit, `kill`) raises KeyboardInterrupt, so it stops a run as
+    Ctrl-C does; left alone when the caller (the GPU check) has a handler of its own."""
     def stop(signum, frame):
         STOP["cause"] = "SIGTERM"
         raise KeyboardInterrupt
@@ -138,8 +148,8 @@ def stop_on_sigterm():
 
 @contextlib.contextmanager
 def stopping_at(where):
-    """A stop inside the block is re-raised naming `where` (a string, or a function giving it), unless a block
-    inside already named a place (the innermost place wins)."""
+    """A stop inside the block is re-raised naming `where` (a string, or a function giving it),
+    unless a block inside already named a place (the innermost place wins)."""
     try:
         yield
     except KeyboardInterrupt as e:
@@ -150,35 +160,36 @@ def stopping_at(where):
 
 @contextlib.contextmanager
 def stopped_in(folder=None):
-    """A stop inside the block ends the process in one line: where, what last.pt holds, how to continue. folder
-    None: before the run folder exists (preparing the data)."""
+    """A stop inside the block ends the process in one line: where, what last.pt holds, how to
+    continue. folder None: before the run folder exists (preparing the data)."""
     try:
         yield
     except KeyboardInterrupt as e:
         where = e.args[0] if e.args else "the run"
         if folder is None:
-            print(f"train.py: stopped by {STOP['cause']} at {where}; no run folder was made; a half-built cache "
-                  f"was removed, data being generated is kept half made: the same command completes it",
-                  file=sys.stderr)
+            print(f"train.py: stopped by {STOP['cause']} at {where}; no run folder was made; "
+                  f"a half-built cache was removed, data being generated is kept half made: "
+                  f"the same command completes it", file=sys.stderr)
             raise SystemExit(130) from None
         last = read_checkpoint(folder / "last.pt") if (folder / "last.pt").is_file() else None
-        saved = f"last.pt holds {last['phase']} epoch {last['epoch']}" if last else "no checkpoint yet"
+        saved = (f"last.pt holds {last['phase']} epoch {last['epoch']}" if last
+                 else "no checkpoint yet")
         then = (f"continue with: python train.py --resume {folder}" if last else
                 f"start the run again ({folder} holds no checkpoint: delete it)")
         line = f"train.py: stopped by {STOP['cause']} at {where}; {saved}; {then}"
         print(line, file=sys.stderr)
-        if rank() == 0:                                                  # the log says how the run ended, too
+        if rank() == 0:                             # the log says how the run ended, too
             with contextlib.suppress(OSError), open(folder / "log.txt", "a") as f:
                 f.write(line + "\n")
         raise SystemExit(130) from None
 
 
-# ---- locks, the commit, the machine -------------------------------------------------------------------------------
+# ---- locks, the commit, the machine --------------------------------------------------------------
 
 def hold_lock(folder):
-    """Lock run folder `folder` for this process (rank 0): an open file with an exclusive flock, released when it is
-    closed or the process dies (never stale); or exit in one line if another train.py holds it. None without fcntl
-    (Windows: no lock) or on ranks > 0."""
+    """Lock run folder `folder` for this process (rank 0): an open file with an exclusive flock,
+    released when it is closed or the process dies (never stale); or exit in one line if another
+    train.py holds it. None without fcntl (Windows: no lock) or on ranks > 0."""
     if fcntl is None or rank() > 0:
         return None
     f = open(Path(folder) / ".lock", "a")
@@ -186,25 +197,26 @@ def hold_lock(folder):
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
-        fail(f"{folder} is in use by another train.py (the run itself or a --resume of it); wait until it stops")
+        fail(f"{folder} is in use by another train.py (the run itself or a --resume of it); "
+             f"wait until it stops")
     return f
 
 
 def release_lock(lock):
-    """Give a run folder's lock (from hold_lock) back; None: nothing to give back. The empty .lock file stays: deleting
-    it would let a process that opened it just before lock the deleted file while a third locks a new one."""
+    """Release a hold_lock lock (None: no-op). The empty .lock stays: deleting it would let a
+    process that opened it just before lock the deleted file while a third locks a new one."""
     if lock is not None:
         lock.close()
 
 
-@cache                        # asked for by the log's device line and by config.json: one git call per run
+@cache  # asked for by the log's device line and by config.json: one git call per run
 def git_commit():
-    """Short commit of the repo this file is in, plus -dirty when a tracked file differs from it (new files, such as
-    the run folders a study writes inside the repo, do not count), or 'unknown' outside git."""
+    """Short commit of this file's repo, plus -dirty when a tracked file differs from it (new files,
+    such as the run folders a study writes in the repo, do not count), or 'unknown' outside git."""
     here = Path(__file__).resolve().parent
     try:
-        run = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True, text=True,  # noqa: E731
-                                        timeout=5).stdout.strip()
+        run = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True,  # noqa: E731
+                                        text=True, timeout=5).stdout.strip()
         dirty = run("status", "--porcelain", "--untracked-files=no")
         return (run("rev-parse", "--short", "HEAD") or "unknown") + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -212,18 +224,20 @@ def git_commit():
 
 
 def machine(device):
-    """What a run's numbers depend on besides the code: the CPU model, the threads, the GPU's name on CUDA."""
+    """What a run's numbers depend on besides the code: CPU model, threads, GPU name on CUDA."""
     cpu = "unknown"
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    out = dict(cpu=cpu, torch_threads=torch.get_num_threads(), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"))
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    out = dict(cpu=cpu, torch_threads=torch.get_num_threads(),
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"))
     if torch.device(device).type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out
 
 
-# ---- the state of a run and of a phase ----------------------------------------------------------------------------
+# ---- the state of a run and of a phase -----------------------------------------------------------
 
 @dataclasses.dataclass
 class Data:
@@ -238,99 +252,108 @@ class Run:
     args: argparse.Namespace        # every setting, presets applied
     device: torch.device
     folder: Path                    # the run folder
-    meta: dict                      # the checkpoint's description of the model: model_name, task, config, head, args
+    meta: dict  # the checkpoint's description of the model: model_name, task, config, head, args
 
     def with_meta(self, **changes):
-        """The same run with meta entries changed (the SPT model's head; the fine-tuning phase's SPT results)."""
+        """The run with meta entries changed (the SPT model's head; the fine-tuning SPT results)."""
         return dataclasses.replace(self, meta={**self.meta, **changes})
 
 
-# ---- what a run prints first and writes last ---------------------------------------------------------------------
+# ---- what a run prints first and writes last -----------------------------------------------------
 
-def startup_lines(args, how, plan, notes, data, classifier, meta):
-    """What the run prints first (and log.txt keeps): preset, plan, device, every setting, data, model, sizes."""
+def startup_lines(args, plan, notes, data, classifier, meta):
+    """Printed first (and kept in log.txt): the notes (the preset in force first), plan, device, settings, data,
+    model, sizes."""
     world = int(os.environ.get("WORLD_SIZE", 1))
-    extras = f"{f' × {world} processes (DDP)' if world > 1 else ''} | precision {args.precision}" + \
-        (" + torch.compile" if args.compile else "")
+    extras = (f"{f' × {world} processes (DDP)' if world > 1 else ''} | precision {args.precision}"
+              + (" + torch.compile" if args.compile else ""))
     n_backbone = sum(p.numel() for p in classifier.backbone.parameters())
     n_head = sum(p.numel() for p in classifier.head.parameters())
-    sizes = " / ".join(f"{split} {len(data.splits[split]):,}" for split in ("train", "val", "test"))
+    sizes = " / ".join(f"{split} {len(data.splits[split]):,}"
+                       for split in ("train", "val", "test"))
     where = machine(args.device)
-    return [f"preset {args.preset} ({how}); explicit flags override it", *notes,
-            f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
-            f"device {args.device}{extras} | torch {torch.__version__} | {where['cpu']} | threads "
-            f"{where['torch_threads']} | git {git_commit()}",
+    return [*notes, f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
+            f"device {args.device}{extras} | torch {torch.__version__} | {where['cpu']} | "
+            f"threads {where['torch_threads']} | git {git_commit()}",
             "settings: " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
-            f"data: {data.source} | {sizes} | {data.seconds:.1f} s", *(f"data note: {n}" for n in data.notes),
-            f"model {meta['model_name']}({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
-            f"params: backbone {n_backbone:,} + classifier head {n_head:,} = {n_backbone + n_head:,}"]
+            f"data: {data.source} | {sizes} | {data.seconds:.1f} s",
+            *(f"data note: {n}" for n in data.notes),
+            f"model {meta['model_name']}"
+            f"({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
+            f"params: backbone {n_backbone:,} + classifier head {n_head:,} = "
+            f"{n_backbone + n_head:,}"]
 
 
 def run_meta(meta, args, argv, data, device):
-    """config.json: the model's description, every setting, and what the numbers depend on besides them."""
-    return dict(meta, preset=args.preset, device=str(device), torch=torch.__version__, git=git_commit(),
-                data_source=data.source, data_notes=data.notes, machine=machine(device),
-                command=sys.argv if argv is None else ["train.py", *argv])
+    """config.json: the model's description, all settings, and what else the numbers depend on."""
+    return dict(meta, preset=args.preset, device=str(device), torch=torch.__version__,
+                git=git_commit(), data_source=data.source, data_notes=data.notes,
+                machine=machine(device), command=sys.argv if argv is None else ["train.py", *argv])
 
 
 def absolute_paths(args):
-    """Every path of the run made absolute, so that config.json and last.pt name the same files from any folder."""
+    """Every run path made absolute, so config.json and last.pt name the same files from any cwd."""
     for key in ("data_dir", "cache_dir", "out", "init_from"):
         if getattr(args, key):
             setattr(args, key, str(Path(getattr(args, key)).resolve()))
 
 
 def log_evaluation(folder, phase, epoch, step, lr, metrics):
-    """The line (log.txt) and record (log.jsonl) of one evaluation. metrics: {"train": training metrics since the
-    last evaluation, "val": validation metrics, "improved": bool, "seconds": the phase's time so far}."""
+    """One evaluation's line (log.txt) and record (log.jsonl). metrics: {"train": metrics since the
+    last evaluation, "val": validation metrics, "improved": bool, "seconds": phase time so far}."""
     train, val = metrics["train"], metrics["val"]
     metric = "r2" if "r2" in val else "acc"
-    log(folder, f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | train_loss "
-        f"{train['loss']:.4f} {metric} {train[metric]:.4f} | val_loss {val['loss']:.4f} val_{metric} "
-        f"{val[metric]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | {metrics['seconds']:.0f} s",
-        {"phase": phase.name, "epoch": epoch, "step": step, **{f"train_{k}": v for k, v in train.items()},
+    log(folder, f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | "
+        f"train_loss {train['loss']:.4f} {metric} {train[metric]:.4f} | val_loss {val['loss']:.4f} "
+        f"val_{metric} {val[metric]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | "
+        f"{metrics['seconds']:.0f} s",
+        {"phase": phase.name, "epoch": epoch, "step": step,
+         **{f"train_{k}": v for k, v in train.items()},
          **{f"val_{k}": v for k, v in val.items()}, "lr": lr, "elapsed_s": metrics["seconds"]})
 
 
 def write_predictions(folder, split, predicted):
-    """test_predictions.json: the test split's labels and the best checkpoint's predicted classes, one digit per
-    example in the split's order (a digest of its index into the cached part says which examples), so that two runs
-    on one split can be compared example by example (results/stats.py: McNemar). DDP: every process's rows,
-    gathered (one process writes). About 2 bytes per example (Text, 25,000 reviews: 50 KB)."""
+    """test_predictions.json: the test labels and the best checkpoint's predictions, one digit per
+    example in split order (a digest of its index into the cached part says which examples), so two
+    runs on one split compare example by example (results/stats.py: McNemar). DDP: every process's
+    rows, gathered (one writes). ~2 bytes per example (Text, 25,000 reviews: 50 KB)."""
     rows = torch.cat(predicted).cpu() if predicted else torch.zeros(0, dtype=torch.long)
-    if dist.is_initialized():                                 # each process scored its rows of every batch
+    if dist.is_initialized():                       # each process scored its rows of every batch
         parts = [None] * dist.get_world_size()
         dist.all_gather_object(parts, [p.cpu() for p in predicted])
-        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])    # batch by batch, rank by rank: in order
+        # batch by batch, rank by rank: in order
+        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])
     labels = [int(y) for y in split.labels]
     if rank() > 0 or len(rows) != len(labels) or max(labels + rows.tolist(), default=0) > 9:
-        return                                               # one digit per example: up to 10 classes
+        return                                      # one digit per example: up to 10 classes
     index = hashlib.sha1(",".join(map(str, map(int, split.index))).encode()).hexdigest()
     text = json.dumps({"split": "test", "n": len(labels), "index_sha1": index,
-                       "labels": "".join(map(str, labels)), "predictions": "".join(map(str, rows.tolist()))})
+                       "labels": "".join(map(str, labels)),
+                       "predictions": "".join(map(str, rows.tolist()))})
     write_whole(folder / "test_predictions.json", lambda tmp: tmp.write_text(text + "\n"))
 
 
 def write_results(folder, results):
     """results.json (rank 0) and the last log line."""
     if rank() == 0:
-        write_whole(folder / "results.json", lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
+        write_whole(folder / "results.json",
+                    lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
     seconds = results["wall_time_s"]
     phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
     log(folder, f"done in {seconds['total'] / 60:.1f} min ({phases}): {folder}",
         {"phase": "done", "wall_time_s": seconds})
 
 
-# ---- checkpoints and resume ---------------------------------------------------------------------------------------
+# ---- checkpoints and resume ----------------------------------------------------------------------
 
 def save_checkpoint(path, state):
-    """Write a plain dict whole (write_whole): a kill or a full disk mid-write leaves the old file intact."""
+    """A plain dict via write_whole: a kill or full disk mid-write leaves the old file intact."""
     write_whole(path, lambda tmp: torch.save(state, tmp))
 
 
 def save_phase_checkpoints(folder, best_file, state):
-    """After an evaluation (rank 0): the best checkpoint when it improved (best_file, else None), then last.pt,
-    written last so that a resume never misses a best."""
+    """After an evaluation (rank 0): the best checkpoint when it improved (best_file, else None),
+    then last.pt, written last so that a resume never misses a best."""
     if rank() > 0:
         return
     with stopping_at(f"{state['phase']} epoch {state['epoch']}, writing checkpoints"):
@@ -340,13 +363,15 @@ def save_phase_checkpoints(folder, best_file, state):
 
 
 def read_checkpoint(path, device="cpu"):
-    """torch.load of a train.py checkpoint; ValueError (one line) if the file is empty, truncated or not one."""
+    """torch.load of a train.py checkpoint; ValueError (one line) if empty, truncated or not one."""
     try:
         ck = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:                                               # truncated, empty, garbage, not plain data
-        raise ValueError(f"{path} is damaged or not a train.py checkpoint ({type(e).__name__})") from None
+    except Exception as e:                          # truncated, empty, garbage, not plain data
+        raise ValueError(
+            f"{path} is damaged or not a train.py checkpoint ({type(e).__name__})") from None
     if not isinstance(ck, dict) or not {"model", "config", "model_name", "task"} <= set(ck):
-        raise ValueError(f"{path} is not a train.py checkpoint (no model/config/model_name/task entries)")
+        raise ValueError(
+            f"{path} is not a train.py checkpoint (no model/config/model_name/task entries)")
     return ck
 
 
@@ -356,50 +381,54 @@ def read_config(folder):
     try:
         return json.loads(path.read_text()) if path.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        fail(f"--resume {folder}: {path} is damaged ({type(e).__name__}: {str(e)[:80]}); the run cannot be checked "
-             f"against its settings: start a new run")
+        fail(f"--resume {folder}: {path} is damaged ({type(e).__name__}: {str(e)[:80]}); "
+             f"the run cannot be checked against its settings: start a new run")
 
 
-RESUME_MAY_CHANGE = {"resume", "device", "workers"}    # settings a resumed run may take from the new command line
+# settings a resumed run may take from the new command line
+RESUME_MAY_CHANGE = {"resume", "device", "workers"}
 PATH_FLAGS = {"data_dir", "cache_dir", "out", "init_from"}
 
 
 def resume_settings(args, given, defaults):
-    """--resume DIR: (the run's own settings, its last.pt, the folder's lock, held from here on, so that what is
-    checked here stays true), or exits: finished run (status 0, results.json untouched), no, damaged or incompatible
-    last.pt, flags that would change the run, a folder in use (status 2). Temporary files a killed run left (*.tmp)
-    are removed, under the lock."""
+    """--resume DIR: (the run's own settings, its last.pt, the folder's lock, held from here on, so
+    that what is checked here stays true), or exits: finished run (status 0, results.json
+    untouched), no, damaged or incompatible last.pt, flags that would change the run, a folder in
+    use (status 2). Temporary files a killed run left (*.tmp) are removed, under the lock."""
     folder = Path(args.resume)
     if not folder.is_dir():
         fail(f"--resume {folder}: no such run folder")
     finished = lambda: (folder / "results.json").is_file()  # noqa: E731
-    lock = None if finished() else hold_lock(folder)                    # then nothing can finish it behind our back
+    lock = None if finished() else hold_lock(folder)  # then nothing can finish it behind our back
     try:
-        for tmp in folder.glob("*.tmp"):                                 # a write a kill cut short
+        for tmp in folder.glob("*.tmp"):            # a write a kill cut short
             tmp.unlink()
         return resume_checks(args, given, defaults, folder, finished) + (lock,)
-    except BaseException:                                                # refused: give the folder back at once
+    except BaseException:                           # refused: give the folder back at once
         release_lock(lock)
         raise
 
 
 def resume_checks(args, given, defaults, folder, finished):
-    """The checks of resume_settings, under the folder's lock -> (the run's own settings, its last.pt)."""
+    """resume_settings' checks, under the folder's lock -> (the run's own settings, its last.pt)."""
     if finished():
-        print(f"train.py: {folder} has finished (results.json is there); nothing to resume, nothing changed")
+        print(f"train.py: {folder} has finished (results.json is there); nothing to resume, "
+              f"nothing changed")
         raise SystemExit(0)
     if not (folder / "last.pt").is_file():
-        fail(f"--resume {folder}: no last.pt in that folder (a run writes it at its first evaluation)")
+        fail(f"--resume {folder}: no last.pt in that folder "
+             f"(a run writes it at its first evaluation)")
     config = read_config(folder)
     saved_args = config.get("args", {})
     seed_it = f", e.g. with --init-from {folder}/spt.pt" if (folder / "spt.pt").is_file() else ""
-    same = lambda k: Path(saved_args[k]).resolve() == Path(getattr(args, k)).resolve() if k in PATH_FLAGS and \
-        saved_args.get(k) and getattr(args, k) else saved_args.get(k, defaults.get(k)) == getattr(args, k)  # noqa
+    same = lambda k: (Path(saved_args[k]).resolve() == Path(getattr(args, k)).resolve()  # noqa
+                      if k in PATH_FLAGS and saved_args.get(k) and getattr(args, k)
+                      else saved_args.get(k, defaults.get(k)) == getattr(args, k))
     changed = sorted(k for k in given - RESUME_MAY_CHANGE if not same(k))
     if changed:
         flags = ", ".join("--" + k.replace("_", "-") for k in changed)
-        fail(f"--resume continues a run with its own settings; {flags} cannot change (only --device, --workers); "
-             f"start a new run{seed_it}")
+        fail(f"--resume continues a run with its own settings; {flags} cannot change "
+             f"(only --device, --workers); start a new run{seed_it}")
     try:
         ck = read_checkpoint(folder / "last.pt")
     except ValueError as e:
@@ -408,47 +437,55 @@ def resume_checks(args, given, defaults, folder, finished):
             with contextlib.suppress(ValueError, FileNotFoundError):
                 other = read_checkpoint(folder / name)
                 usable.append(f"{name} ({other['phase']} epoch {other['epoch']})")
-        hint = f"still readable: {', '.join(usable)}" if usable else "no other readable checkpoint there"
-        fail(f"--resume: {e}; {hint}; start again{seed_it.replace(', e.g.', ' (an spt.pt can seed a new run:')}"
+        hint = (f"still readable: {', '.join(usable)}" if usable
+                else "no other readable checkpoint there")
+        fail(f"--resume: {e}; {hint}; start again"
+             f"{seed_it.replace(', e.g.', ' (an spt.pt can seed a new run:')}"
              f"{')' if seed_it else ''}")
-    missing = [k for k in ("optimizer", "scheduler", "rng", "args", "phase", "epoch", "step", "best") if k not in ck]
+    missing = [k for k in ("optimizer", "scheduler", "rng", "args", "phase", "epoch", "step",
+                           "best") if k not in ck]
     if missing:
-        fail(f"--resume {folder}: its last.pt (commit {config.get('git', 'unknown')} in config.json) lacks "
-             f"{', '.join(missing)}, which this code needs to continue it; start a new run{seed_it}")
+        fail(f"--resume {folder}: its last.pt (commit {config.get('git', 'unknown')} in "
+             f"config.json) lacks {', '.join(missing)}, which this code needs to continue it; "
+             f"start a new run{seed_it}")
     if ck.get("device_type", "cpu") != (torch.device(args.device).type if args.device else
                                         ("cuda" if torch.cuda.is_available() else "cpu")):
-        fail(f"--resume {folder}: it ran on {ck.get('device_type', 'cpu')}; resume it there (its mask generator "
-             f"and RNG states belong to that device type; --device may pick another device of that type)")
+        fail(f"--resume {folder}: it ran on {ck.get('device_type', 'cpu')}; resume it there "
+             f"(its mask generator and RNG states belong to that device type; "
+             f"--device may pick another device of that type)")
     ck["commit"] = config.get("git", "unknown")
-    saved = {**defaults, **ck["args"]}                          # flags newer than the checkpoint: their defaults
+    saved = {**defaults, **ck["args"]}  # flags newer than the checkpoint: their defaults
     saved["pretrain_batch_size"] = saved.get("pretrain_batch_size") or saved["batch_size"]
     return argparse.Namespace(**{**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE}}), ck
 
 
 @contextlib.contextmanager
 def run_folder(args, meta, lines, lock=None):
-    """Hold the run folder for the block: a new runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/ with config.json
-    (DDP: rank 0 names and creates it, all use it), or the --resume folder, whose `lock` resume_settings took. Rank 0
-    holds its lock for the whole block, so a second train.py on one folder stops in one line before writing anything;
-    then log.txt gets `lines`. Yields the folder."""
+    """Hold the run folder for the block: a new runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/
+    with config.json (DDP: rank 0 names and makes it, all use it), or the --resume folder, whose
+    `lock` resume_settings took. Rank 0 holds its lock for the whole block, so a second train.py on
+    one folder stops in one line before any write; then log.txt gets `lines`. Yields it."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     if args.resume:
         folder = Path(args.resume)
     else:
         kind = "spt" if args.spt else ("init" if args.init_from else "tfs")
-        folder = Path(args.out) / f"{args.task}-{args.model}-{kind}-s{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        folder = Path(args.out) / (f"{args.task}-{args.model}-{kind}-s{args.seed}-"
+                                   f"{time.strftime('%Y%m%d-%H%M%S')}")
         suffix = 1
-        while folder.exists():                                           # two runs started in the same second
-            folder, suffix = folder.with_name(folder.name.rsplit("+", 1)[0] + f"+{suffix}"), suffix + 1
-        if world > 1:                                                    # the processes' clocks may be a second apart
+        while folder.exists():                      # two runs started in the same second
+            folder, suffix = (folder.with_name(folder.name.rsplit("+", 1)[0] + f"+{suffix}"),
+                              suffix + 1)
+        if world > 1:                               # the processes' clocks may be a second apart
             shared = [folder]
             dist.broadcast_object_list(shared, src=0)
             folder = shared[0]
     if rank() == 0 and not args.resume:
         try:
             folder.mkdir(parents=True)
-        except OSError as e:                                             # read-only file system, no permission, ...
-            fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); pass a writable folder")
+        except OSError as e:                        # read-only file system, no permission, ...
+            fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); "
+                 f"pass a writable folder")
         lock = hold_lock(folder)
         write_whole(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     try:
@@ -456,4 +493,4 @@ def run_folder(args, meta, lines, lock=None):
             log(folder, line)
         yield folder
     finally:
-        release_lock(lock)                                       # a run's own lock goes with the run
+        release_lock(lock)                          # a run's own lock goes with the run

@@ -1,13 +1,19 @@
 """steps.py: how one training step runs on the hardware, the GPU path under train.py's loop.
-precision:  --precision decided once: bf16 / fp16 autocast (+ gradient scaler), tf32, fp32; TF32 set explicitly
-DDP:        every process reads the whole global batch and keeps its rows (uneven shards allowed: the loss divides by
-            the global count), sums of metrics are added over processes; micro-batches split a step's rows
-guard:      a non-finite update is skipped on the device (fused AdamW's found_inf) and stops the run by name within
-            PROGRESS_STEPS steps; nothing per step reads a device value back to the host
-loaders:    a seeded order per epoch (its state in last.pt), pinned memory and persistent workers on CUDA
-Check: tests/test_robustness.py (2 and 3 processes equal 1, accumulation equals one batch, no host reads per step).
+precision:  --precision decided once: bf16 / fp16 autocast (+ gradient scaler), tf32, fp32; TF32 set
+            explicitly
+DDP:        every process reads the whole global batch and keeps its rows (uneven shards allowed:
+            the loss divides by the global count), sums of metrics are added over processes;
+            micro-batches split a step's rows
+guard:      a non-finite update is skipped on the device (fused AdamW's found_inf) and stops the run
+            by name within PROGRESS_STEPS steps; nothing per step reads a device value back to the
+            host
+loaders:    a seeded order per epoch (its state in last.pt), pinned memory and persistent workers on
+            CUDA
+Check: tests/test_robustness.py (2 and 3 processes equal 1, accumulation equals one batch, no host
+reads per step).
 """
 import contextlib
+import math
 import os
 import sys
 import tempfile
@@ -16,26 +22,29 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 from tqdm import tqdm
 
 import lra_data
 from runs import fail
 from ssm import tf32_flag
 
-PROGRESS_STEPS = 25      # the progress bar and the non-finite guard read device values once every this many steps
+# the progress bar and the non-finite guard read device values once every this many steps
+PROGRESS_STEPS = 25
 
 
-# ---- DDP: which rows of a batch are this process's, and sums over processes ----------------------------------------
+# ---- DDP: which rows of a batch are this process's, and sums over processes ---------------------
 
 def rank_and_world():
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
 def shard(n):
-    """(rows, keep): this process's contiguous share of a global batch of n examples (DDP; one process: all of it),
-    some processes one row more when n does not split evenly (the loss divides by the global count, so the gradient
-    stays the global-batch mean). Every process reads the whole global batch, so batches and SPT masks are those of
-    a 1-process run. A process left without rows computes row 0 with keep=False, to join the all-reduce."""
+    """(rows, keep): this process's contiguous share of a global batch of n examples (DDP; one
+    process: all of it), some processes one row more when n does not split evenly (the loss divides
+    by the global count, so the gradient stays the global-batch mean). Every process reads the
+    whole global batch, so batches and SPT masks are those of a 1-process run. A process left
+    without rows computes row 0 with keep=False, to join the all-reduce."""
     rank, world = rank_and_world()
     start = rank * (n // world) + min(rank, n % world)
     stop = start + n // world + (rank < n % world)
@@ -43,8 +52,8 @@ def shard(n):
 
 
 def all_sum(total):
-    """Add up a dict of additive statistics (device tensors) over all DDP processes, on their device (gloo: CPU,
-    NCCL: CUDA), as one process would have them."""
+    """Add up a dict of additive statistics (device tensors) over all DDP processes, on their device
+    (gloo: CPU, NCCL: CUDA), as one process would have them."""
     if not dist.is_initialized():
         return total
     values = torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in total.values()])
@@ -53,8 +62,8 @@ def all_sum(total):
 
 
 def setup_device(args):
-    """-> (device, world size): checks --device and that --out can be written (making --out itself); settles
-    --precision (printed, in config.json) and --workers."""
+    """-> (device, world size): checks --device and that --out can be written (making --out
+    itself); settles --precision (printed, in config.json) and --workers."""
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:
@@ -66,12 +75,13 @@ def setup_device(args):
     if device.type not in ("cpu", "cuda"):
         fail(f"--device {args.device}: train.py runs on cpu or cuda")
     world = int(os.environ.get("WORLD_SIZE", 1))
-    args.device = str(device)                                            # resolved once, printed, in config.json
-    args.precision = precision(args, device)[0]                          # resolved once, printed, in config.json
-    if args.workers is None:                                             # CUDA: loader processes keep the GPU fed
+    args.device = str(device)                       # resolved once, printed, in config.json
+    args.precision = precision(args, device)[0]     # resolved once, printed, in config.json
+    if args.workers is None:                        # CUDA: loader processes keep the GPU fed
         args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
-    if not args.resume and int(os.environ.get("RANK", 0)) == 0:   # known now, not after the data was prepared:
-        probe = Path(args.out).resolve()                         # try writing where the run folder will be made
+    # known now, not after the data was prepared: try writing where the run folder will be made
+    if not args.resume and int(os.environ.get("RANK", 0)) == 0:
+        probe = Path(args.out).resolve()
         while not probe.exists():
             probe = probe.parent
         try:
@@ -82,7 +92,8 @@ def setup_device(args):
 
 
 def join_process_group(device, world):
-    """Under torchrun: one process per GPU (NCCL) or CPU process (gloo); only rank 0 prints. Returns the device."""
+    """Under torchrun: one process per GPU (NCCL) or CPU process (gloo); only rank 0 prints. Returns
+    the device."""
     if world == 1:
         return device
     if device.type == "cuda":
@@ -90,24 +101,26 @@ def join_process_group(device, world):
         torch.cuda.set_device(device)
     cuda = device.type == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
-    if dist.get_rank() > 0:                                              # only rank 0 prints, logs and saves
+    if dist.get_rank() > 0:                         # only rank 0 prints, logs and saves
         sys.stdout = open(os.devnull, "w")
     return device
 
 
 def precision(args, device):
-    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler or None).
-    Default: bf16 autocast on CUDA with compute capability ≥ 8, fp16 autocast with a gradient scaler on older GPUs
-    (V100, T4), fp32 on CPU. TF32 is set explicitly for every choice: on for "tf32" only. Under bf16 / fp16 autocast
-    the only float32 matmuls left are the SSM kernels', which must not use TF32 (ssm.Matmul guards them anyway), so
-    TF32 there would buy nothing. The SSM kernels and FFT convolutions run in fp32 inside autocast (ssm.py).
-    --amp is the old name of --precision bf16."""
+    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler
+    or None). Default: bf16 autocast on CUDA with compute capability ≥ 8, fp16 autocast with a
+    gradient scaler on older GPUs (V100, T4), fp32 on CPU. TF32 is set explicitly for every choice:
+    on for "tf32" only. Under bf16 / fp16 autocast the only float32 matmuls left are the SSM
+    kernels', which must not use TF32 (ssm.Matmul guards them anyway), so TF32 there would buy
+    nothing. The SSM kernels and FFT convolutions run in fp32 inside autocast (ssm.py). --amp is the
+    old name of --precision bf16."""
     name = args.precision or ("bf16" if args.amp else None)
     if name is None:
-        name = "fp32" if device.type != "cuda" else ("bf16" if torch.cuda.get_device_capability(device)[0] >= 8
-                                                     else "fp16")
+        name = "fp32" if device.type != "cuda" else (
+            "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16")
     flag, on, off = tf32_flag()
-    setattr(torch.backends.cuda.matmul, flag, on if name == "tf32" else off)    # also on a CPU: no effect there
+    # also on a CPU: no effect there
+    setattr(torch.backends.cuda.matmul, flag, on if name == "tf32" else off)
     torch.backends.cudnn.allow_tf32 = name == "tf32"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
     amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
@@ -115,8 +128,9 @@ def precision(args, device):
 
 
 class SeededOrder(torch.utils.data.Sampler):
-    """A new permutation of the n examples at every pass, drawn from `gen` (its state is in last.pt), so one
-    DataLoader (with persistent workers) serves every epoch and the order is that of a 1-process run everywhere."""
+    """A new permutation of the n examples at every pass, drawn from `gen` (its state is in
+    last.pt), so one DataLoader (with persistent workers) serves every epoch and the order is that
+    of a 1-process run everywhere."""
 
     def __init__(self, n, gen):
         self.n, self.gen = n, gen
@@ -129,14 +143,17 @@ class SeededOrder(torch.utils.data.Sampler):
 
 
 def loader(dataset, batch_size, args, device, order=None):
-    """Batches of `dataset` padded by lra_data.collate (token batches to a few bucketed lengths): in a new seeded
-    order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory, persistent workers that prefetch."""
+    """Batches of `dataset` padded by lra_data.collate (token batches to a few bucketed lengths): in
+    a new seeded order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory,
+    persistent workers that prefetch."""
     workers, cuda = args.workers, device.type == "cuda"
-    seeds = torch.Generator().manual_seed(args.seed + 4)   # its worker seeds: not from the global (dropout) RNG
-    return torch.utils.data.DataLoader(dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
-                                       collate_fn=lra_data.collate, num_workers=workers, pin_memory=cuda,
-                                       persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
-                                       generator=seeds)
+    # its worker seeds: not from the global (dropout) RNG
+    seeds = torch.Generator().manual_seed(args.seed + 4)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
+        collate_fn=lra_data.collate, num_workers=workers, pin_memory=cuda,
+        persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+        generator=seeds)
 
 
 def progress_bar(batches, desc, disable):
@@ -145,43 +162,52 @@ def progress_bar(batches, desc, disable):
 
 
 class Training:
-    """One phase in progress: the module saved (model) and the one that runs the batches (forward: model or its
-    DDP / compiled wrapper), optimiser, schedule, fp16 scaler, generators, autocast, step and step budget."""
+    """One phase in progress: the module saved (model) and the one that runs the batches (forward:
+    model or its DDP / compiled wrapper), optimiser, schedule, fp16 scaler, generators, autocast,
+    step and step budget."""
 
     def __init__(self, model, phase, args, device, n_train):
         self.model, self.phase, self.device = model, phase, device
         self.forward, self.step = model, 0
-        self.total = min(phase.epochs * -(-n_train // phase.batch_size), args.max_steps or float("inf"))
-        self.gens = {"order": torch.Generator().manual_seed(args.seed + 1),      # batch order, as in TFS and SPT
-                     "mask": torch.Generator(device).manual_seed(args.seed + 2)}  # SPT masks, drawn on the device
+        self.total = min(phase.epochs * -(-n_train // phase.batch_size),
+                         args.max_steps or float("inf"))
+        # "order": batch order, as in TFS and SPT; "mask": SPT masks, drawn on the device
+        self.gens = {"order": torch.Generator().manual_seed(args.seed + 1),
+                     "mask": torch.Generator(device).manual_seed(args.seed + 2)}
         _, self.amp, self.scaler = precision(args, device)
-        self.record = torch.full((2,), -1.0, device=device)             # the guard's first [bad step, parameter]
-        self.step_t = torch.zeros((), device=device)                   # the step on the device: no copy per step
+        # the guard's first [bad step, parameter]
+        self.record = torch.full((2,), -1.0, device=device)
+        self.step_t = torch.zeros((), device=device)  # the step on the device: no copy per step
 
     def optimizer(self, groups, factor):
-        """Fused AdamW over `groups` (its kernel can skip a step on the device) and the schedule factor(step, total)."""
+        """Fused AdamW over `groups` (its kernel can skip a step on the device) and the schedule
+        factor(step, total)."""
         self.opt = torch.optim.AdamW(groups, fused=True)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, partial(factor, total=self.total))
 
     def no_sync(self, last):
         """DDP: no gradient all-reduce on a micro-batch but the last one."""
-        return self.forward.no_sync() if dist.is_initialized() and not last else contextlib.nullcontext()
+        return (self.forward.no_sync() if dist.is_initialized() and not last
+                else contextlib.nullcontext())
 
     def saved(self):
-        """What --resume needs beyond the phase's progress: weights, optimiser, schedule, fp16 scaler, every RNG."""
+        """What --resume needs beyond the phase's progress: weights, optimiser, schedule, fp16
+        scaler, every RNG."""
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step,
-                "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict() if self.scaler else None,
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                "step": self.step, "scheduler": self.sched.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None,
                 "device_type": self.device.type,
-                "rng": {"torch": torch.get_rng_state(), "cuda": cuda, **{k: g.get_state() for k, g in self.gens.items()}}}
+                "rng": {"torch": torch.get_rng_state(), "cuda": cuda,
+                        **{k: g.get_state() for k, g in self.gens.items()}}}
 
     def restore(self, ck):
-        """Inverse of saved(): continue exactly where the checkpoint `ck` (a last.pt) stopped. An optimiser state of
-        an older commit is upgraded (fused=True, which the device-side guard needs); a state this code cannot read
-        raises ValueError naming what is missing."""
+        """Inverse of saved(): continue exactly where the checkpoint `ck` (a last.pt) stopped. An
+        optimiser state of an older commit is upgraded (fused=True, which the device-side guard
+        needs); a state this code cannot read raises ValueError naming what is missing."""
         try:
             optimizer = ck["optimizer"]
-            for group in optimizer["param_groups"]:                      # before the fused guard: fused=None
+            for group in optimizer["param_groups"]:     # before the fused guard: fused=None
                 group.update(fused=True, foreach=None)
             self.model.load_state_dict(ck["model"])
             self.opt.load_state_dict(optimizer)
@@ -189,7 +215,8 @@ class Training:
             if self.scaler is not None and ck.get("scaler"):
                 self.scaler.load_state_dict(ck["scaler"])
             torch.set_rng_state(ck["rng"]["torch"])
-            if self.device.type == "cuda" and ck["rng"]["cuda"] is not None:   # this GPU's only: the count may change
+            # this GPU's only: the count may change
+            if self.device.type == "cuda" and ck["rng"]["cuda"] is not None:
                 torch.cuda.set_rng_state(ck["rng"]["cuda"], self.device)
             for k, g in self.gens.items():
                 g.set_state(ck["rng"][k])
@@ -207,11 +234,12 @@ def micro_batches(rows, k):
 
 
 def guard_step(state, bad_loss):
-    """The optimiser step behind a device-side guard: one fused reduction (torch._foreach_norm) over all gradients
-    decides, on the device, whether this update is finite; a non-finite update is skipped inside the fused AdamW
-    kernel (found_inf), so it never reaches the weights, and state.record keeps the first such [step, parameter
-    index]. fp16: overflowing gradients are the scaler's business (it skips and lowers its scale); only a non-finite
-    loss is an error. bad_loss: a device bool, any micro-batch's loss was not finite. Nothing here reads a device
+    """The optimiser step behind a device-side guard: one fused reduction (torch._foreach_norm)
+    over all gradients decides, on the device, whether this update is finite; a non-finite update
+    is skipped inside the fused AdamW kernel (found_inf), so it never reaches the weights, and
+    state.record keeps the first such [step, parameter index]. fp16: overflowing gradients are the
+    scaler's business (it skips and lowers its scale); only a non-finite loss is an error.
+    bad_loss: a device bool, any micro-batch's loss was not finite. Nothing here reads a device
     value: check_finite does, once per progress interval. Then zero_grad and the schedule's step."""
     opt, scaler = state.opt, state.scaler
     if scaler is not None:
@@ -220,14 +248,15 @@ def guard_step(state, bad_loss):
     grads = [p.grad if p.grad is not None else p.new_zeros(()) for p in params]
     finite = torch.isfinite(torch.stack(torch._foreach_norm(grads)))    # (P,) bool
     error = bad_loss if scaler is not None else bad_loss | ~finite.all()
-    first_bad = torch.where(finite.all(), -1, (~finite).int().argmax())   # index into the trained parameters
+    # index into the trained parameters
+    first_bad = torch.where(finite.all(), -1, (~finite).int().argmax())
     update = torch.stack([state.step_t, first_bad.float()])
     state.record.copy_(torch.where((state.record[0] < 0) & error, update, state.record))
     if scaler is not None:
         scaler.step(opt)
         scaler.update()
     else:
-        opt.found_inf = error.float()                                    # read by the fused kernel, on the device
+        opt.found_inf = error.float()               # read by the fused kernel, on the device
         opt.step()
     opt.zero_grad(set_to_none=True)
     state.sched.step()
@@ -236,14 +265,17 @@ def guard_step(state, bad_loss):
 
 
 def check_finite(state, phase):
-    """Stop at a recorded non-finite update (read once per progress interval), naming its step and the first
-    parameter whose gradient was not finite. The guard skipped it: weights and checkpoints so far are intact."""
+    """Stop at a recorded non-finite update (read once per progress interval), naming its step and
+    the first parameter whose gradient was not finite. The guard skipped it: weights and
+    checkpoints so far are intact."""
     record = state.record
-    if dist.is_initialized():         # the earliest bad step of any process stops all, with that process's parameter
-        step = torch.where(record[0] < 0, torch.inf, record[0])          # a process without one: never the earliest
+    # the earliest bad step of any process stops all, with that process's parameter
+    if dist.is_initialized():
+        # a process without one: never the earliest
+        step = torch.where(record[0] < 0, torch.inf, record[0])
         first = step.clone()
         dist.all_reduce(first, op=dist.ReduceOp.MIN)
-        index = torch.where(step == first, record[1], -2.0)              # -2: not the process of that step
+        index = torch.where(step == first, record[1], -2.0)      # -2: not the process of that step
         dist.all_reduce(index, op=dist.ReduceOp.MAX)
         record = torch.stack([torch.where(first.isinf(), -1.0, first), index])
     step, index = record.tolist()
@@ -251,7 +283,44 @@ def check_finite(state, phase):
         return
     names = [n for n, p in state.model.named_parameters() if p.requires_grad]
     bad = f"gradient of {names[int(index)]}" if index >= 0 else "the loss itself"
-    raise SystemExit(f"train.py: {phase} step {int(step)}: non-finite loss or gradient, first non-finite: {bad}; the "
-                     f"update was skipped, checkpoints so far are intact (try a lower --lr / --pretrain-lr)")
+    raise SystemExit(f"train.py: {phase} step {int(step)}: non-finite loss or gradient, first "
+                     f"non-finite: {bad}; the update was skipped, checkpoints so far are intact "
+                     f"(try a lower --lr / --pretrain-lr)")
 
 
+# ---- the optimiser's groups and schedule --------------------------------------------------
+
+def param_groups(model, lr, wd, ssm_lr, ssm_names):
+    """AdamW groups: SSM parameters (leaf name in ssm_names) get ssm_lr and no weight decay (with
+    the global lr and decay S4 loses much accuracy: S4 §4); norms, biases and embeddings get no
+    weight decay; the rest wd. Each parameter is in exactly one group. Prints the group sizes."""
+    decay, no_decay, ssm, seen = [], [], [], set()
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            norm = "Norm" in type(module).__name__              # LayerNorm, BatchNorm*, RMSNorm, ...
+            if name in ssm_names:
+                ssm.append(p)
+            elif name == "bias" or isinstance(module, nn.Embedding) or norm:
+                no_decay.append(p)
+            else:
+                decay.append(p)
+    size = lambda ps: sum(p.numel() for p in ps)  # noqa: E731
+    print(f"param groups: decay {size(decay):,} (lr {lr:.1e}, wd {wd}) | no-decay "
+          f"{size(no_decay):,} (norms, biases, embeddings) | ssm {size(ssm):,} (lr {ssm_lr:.1e}, "
+          f"wd 0)")
+    groups = [dict(params=decay, lr=lr, weight_decay=wd),
+              dict(params=no_decay, lr=lr, weight_decay=0.0),
+              dict(params=ssm, lr=ssm_lr, weight_decay=0.0)]
+    return [g for g in groups if g["params"]]
+
+
+def lr_factor(step, warmup, total, schedule):
+    """Every group's lr multiplier: linear warm-up, then constant (the paper's) or cosine."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+    return 1.0

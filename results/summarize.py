@@ -17,6 +17,7 @@ is the same whether or not matplotlib (optional, for the plots) is installed.
 """
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -24,8 +25,12 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stats  # noqa: E402  (results/stats.py: t intervals, exact McNemar)
+
 MARGIN = 0.05                                     # "left chance": val accuracy > chance + 5 points
-STUDIES = ("study", "objectives")                 # default --runs: results/<name>, each skipped while it is missing
+STUDIES = ("control", "study", "objectives")      # default --runs: results/<name>, each skipped while it is missing
+ARMS = ("TFS", "TFS-long", "SPT")                 # the control study's arms (results/control.py)
 MODELS = ("transformer", "s4", "dlr")             # row and panel order
 OBJECTIVES = ("masked", "span", "causal", "rtd")  # train.py --objective, in column order
 COLORS = {"TFS": "tab:blue", "masked": "tab:red", "span": "tab:orange", "causal": "tab:purple", "rtd": "tab:green"}
@@ -53,6 +58,8 @@ def read_run(folder):
                "causal" if a.get("causal") else None, f"lr {a['lr']:g}", f"batch {a['batch_size']}", steps,
                f"val/test {a['max_eval'] or 'all'}"]
     kernels = json.loads((folder / "kernels.json").read_text()) if (folder / "kernels.json").is_file() else None
+    predictions = folder / "test_predictions.json"
+    predictions = json.loads(predictions.read_text()) if predictions.is_file() else None
     # model-specific knobs go with the model's name, so the models of one setting share its plots
     model = config["model_name"] + (f" (N{c['d_state']}, ssm lr {c['ssm_lr']:g})" if "d_state" in c else "")
     return dict(name=folder.name, model=model, task=config["task"], seed=a["seed"],
@@ -68,7 +75,9 @@ def read_run(folder):
                 command="python " + " ".join(config.get("command", [])), kernels=kernels,
                 spt_loss=(spt_records[0]["val_loss"], spt_records[-1]["val_loss"]) if spt_records else None,
                 spt_best=min(r["val_loss"] for r in spt_records) if spt_records else None,
-                speed=next((step for step, acc in curve if acc > chance + MARGIN), None))
+                speed=next((step for step, acc in curve if acc > chance + MARGIN), None), predictions=predictions,
+                best_epoch=results.get("best_epoch"), last_epoch=max((r["epoch"] for r in records
+                                                                     if r.get("phase") == "finetune"), default=0))
 
 
 def objective_label(a):
@@ -148,8 +157,18 @@ def glance(cells):
 
 
 def paired_gains(rs, tfs):
-    """SPT − TFS per seed in points, 'a / b / c', for the runs rs whose seed has a TFS run ({seed: test acc})."""
-    return " / ".join(f"{(r['test'] - tfs[r['seed']]) * 100:+.1f}" for r in rs if r["seed"] in tfs)
+    """SPT − TFS per seed in points, 'a / b / c → mean [95 % t interval]', for the runs rs whose seed has a TFS run
+    ({seed: test acc}); the interval needs two seeds."""
+    pairs = {r["seed"]: (r["test"], tfs[r["seed"]]) for r in rs if r["seed"] in tfs}
+    if not pairs:
+        return ""
+    d = stats.paired(pairs)
+    return " / ".join(f"{x:+.1f}" for x in d["diffs"]) + (f" → {interval_text(d)}" if d["n"] > 1 else "")
+
+
+def interval_text(d):
+    """'+6.3 [+5.5, +7.0]' of a stats.paired result (points)."""
+    return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
 
 
 def table(cells):
@@ -421,6 +440,104 @@ def plot_kernels(runs, out, plt, prefix=""):
     return files
 
 
+def arm_of(r, tfs_steps):
+    """The control study's arm of a run: SPT, TFS (the shortest from-scratch run) or TFS-long (the others)."""
+    return "SPT" if r["kind"] == "SPT" else ("TFS" if r["ft_steps"] == tfs_steps else "TFS-long")
+
+
+def control_cells(runs):
+    """{model: {arm: {seed: run}}} of the control study (results/control.py)."""
+    cells = defaultdict(lambda: defaultdict(dict))
+    tfs_steps = min(r["ft_steps"] for r in runs if r["kind"] == "TFS")
+    for r in sorted(runs, key=lambda r: r["name"]):
+        cells[r["model"]][arm_of(r, tfs_steps)][r["seed"]] = r
+    return {m: cells[m] for m in sorted(cells, key=model_order)}
+
+
+def accuracy_text(rs):
+    """'64.2 [63.1, 65.3] (n=6)': test accuracy %, mean and 95 % t interval over seeds."""
+    accs = [100 * r["test"] for r in rs]
+    if len(accs) < 2:
+        return f"{accs[0]:.1f} (n=1)"
+    mean, low, high = stats.interval(accs)
+    return f"{mean:.1f} [{low:.1f}, {high:.1f}] (n={len(accs)})"
+
+
+def mcnemar_text(a, b):
+    """Per seed, the exact McNemar p of two runs' test predictions, 'p1 / p2 / ...' and how many are < 0.05."""
+    ps = []
+    for seed in sorted(set(a) & set(b)):
+        pa, pb = a[seed]["predictions"], b[seed]["predictions"]
+        if not pa or not pb or pa["labels"] != pb["labels"] or pa["index_sha1"] != pb["index_sha1"]:
+            ps.append(None)
+            continue
+        ps.append(stats.mcnemar(pa["predictions"], pb["predictions"], pa["labels"])[2])
+    shown = " / ".join("–" if p is None else f"{p:.2g}" for p in ps)
+    return f"{shown} ({sum(p is not None and p < 0.05 for p in ps)} of {len(ps)} < 0.05)"
+
+
+CONTROL_PAIRS = [("SPT", "TFS"), ("SPT", "TFS-long"), ("TFS-long", "TFS")]
+
+
+def control_section(runs, out, plt, study):
+    """The control study: test accuracy per model and arm with 95 % t intervals over seeds; every pair of arms
+    paired by seed (differences, their mean and interval, an exact McNemar test per seed on the test predictions);
+    how many runs had their best validation checkpoint at their last evaluation. -> (lines, figures)."""
+    cells = control_cells(runs)
+    some = runs[0]
+    spt = next((r for r in runs if r["kind"] == "SPT"), some)
+    setting = (f"{some['task']} · {some['base']} · {some['n_train']:,} training examples · fine-tuning "
+               f"{spt['ft_steps']:,} steps (TFS-long: {spt['spt_steps'] + spt['ft_steps']:,}) · SPT {spt['spt']}")
+    lines = [f"## SPT vs training from scratch, and from scratch for as long (`{study}/`)", "", setting, "",
+             "Test accuracy %, mean [95 % t interval over seeds] (n = seeds). TFS-long trains from scratch for as "
+             "many steps as the SPT run's pre-training and fine-tuning together, with the same schedule and the "
+             "same evaluation after every epoch: the control for \"SPT only trained longer\".", ""]
+    lines += ["| model | " + " | ".join(ARMS) + " |", "|---" * (len(ARMS) + 1) + "|"]
+    for model, arms in cells.items():
+        lines.append(f"| {model} | " + " | ".join(accuracy_text(list(arms[a].values())) if arms.get(a) else "–"
+                                                  for a in ARMS) + " |")
+    lines += ["", "Paired by seed (both runs of a seed share its initialisation and batch order): the difference "
+              "per seed in points, its mean [95 % t interval], and an exact McNemar test per seed on the two runs' "
+              "predictions of the same test reviews.", "",
+              "| model | comparison | per seed (points) | mean [95 % interval] | McNemar p per seed |",
+              "|---|---|---|---|---|"]
+    for model, arms in cells.items():
+        for a, b in CONTROL_PAIRS:
+            pairs = {s: (arms[a][s]["test"], arms[b][s]["test"]) for s in arms.get(a, {}) if s in arms.get(b, {})}
+            if len(pairs) < 1:
+                continue
+            d = stats.paired(pairs)
+            shown = interval_text(d) if d["n"] > 1 else f"{d['mean']:+.1f}"
+            lines.append(f"| {model} | {a} − {b} | {' / '.join(f'{x:+.1f}' for x in d['diffs'])} | {shown} | "
+                         f"{mcnemar_text(arms[a], arms[b])} |")
+    at_last = [(a, r["best_epoch"] == r["last_epoch"]) for arms in cells.values() for a in ARMS
+               for r in arms.get(a, {}).values()]
+    lines += ["", "Runs whose best validation checkpoint is their last evaluation (still improving when they "
+              "stopped): " + ", ".join(f"{a} {sum(x for b, x in at_last if b == a)} of "
+                                        f"{sum(1 for b, _ in at_last if b == a)}" for a in ARMS) +
+              f"; in all {sum(x for _, x in at_last)} of {len(at_last)}.", ""]
+    figures = [(f"{study}_test_acc.png", "test accuracy per arm (dot: one seed; line: seed mean)")]
+    if plt:
+        plot_control(cells, out / figures[0][0], plt)
+    lines += [f"![{figures[0][1]}]({figures[0][0]})", ""]
+    return lines + [f"### Every cell of `{study}/`", ""] + table(cells_of(runs)) + [""], figures
+
+
+def plot_control(cells, path, plt):
+    """Test accuracy per arm, a panel per model: a dot per seed, the seed mean a line."""
+    fig, axes = plt.subplots(1, len(cells), figsize=(3.4 * len(cells), 3.4), squeeze=False, sharey=True)
+    colors = {"TFS": "tab:blue", "TFS-long": "tab:purple", "SPT": "tab:red"}
+    for ax, (model, arms) in zip(axes[0], cells.items()):
+        for x, arm in enumerate(ARMS):
+            if arms.get(arm):
+                seed_dots(ax, x, list(arms[arm].values()), colors[arm])
+        ax.set_xticks(range(len(ARMS)), ARMS, fontsize=8)
+        ax.set_title(model, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    save(plt, fig, path, "test accuracy: TFS, TFS-long (as many steps as SPT + fine-tuning), SPT", 100, 8)
+
+
 def cells_section(runs, out, plt, study, first):
     """One study's glance and every-cell tables and plots; a study after the first is named in the headings and
     file names. -> (lines of markdown, [(file name, caption)])."""
@@ -499,7 +616,7 @@ def main(argv=None):
     if out.exists() and not out.is_dir():
         p.error(f"--out {out} is a file, not a folder: pass the folder for summary.md and the plots")
     out.mkdir(parents=True, exist_ok=True)
-    for kind in ("val_acc", "data_fraction", "train_size", "kernels", "objectives"):  # plots of earlier runs
+    for kind in ("val_acc", "data_fraction", "train_size", "kernels", "objectives", "test_acc"):  # earlier plots
         for old in out.glob(f"*{kind}_*.png"):
             old.unlink()
     plt = pyplot()
@@ -519,9 +636,13 @@ def main(argv=None):
              "fine-tuning + test).", ""]
     n_figures = 0
     for i, (folder, runs, unfinished) in enumerate(studies):
-        groups = objective_groups(runs)
-        section, figures = objectives_section(runs, groups, out, plt, folder.name) if groups \
-            else cells_section(runs, out, plt, folder.name, i == 0)
+        groups = objective_groups(runs) if folder.name != "control" else None
+        if folder.name == "control":
+            section, figures = control_section(runs, out, plt, folder.name)
+        elif groups:
+            section, figures = objectives_section(runs, groups, out, plt, folder.name)
+        else:
+            section, figures = cells_section(runs, out, plt, folder.name, i == 0)
         lines += section + unfinished_lines(folder, unfinished, i == 0)
         n_figures += len(figures)
     lines += ["## Runs and exact commands", ""]

@@ -20,7 +20,6 @@ import lra_data
 import runs
 import train
 from conftest import TINY, records, run
-from lra import cache as lra_cache
 from lra import files as lra_files
 from lra.files import DataError
 from lra.listops import generate_listops

@@ -14,7 +14,7 @@ from PIL import Image
 
 import lra_data
 from lra import files as lra_files
-from lra import pathfinder
+from lra import pathfinder, sources
 from lra.listops import LISTOPS_ID, generate_listops, listops_tokens
 from lra.pathfinder import generate_pathfinder
 from lra_data import EOS, PAD, TASKS, DataError, collate, load, normalize
@@ -193,7 +193,7 @@ def test_pathfinder_generate_writes_release_layout_and_marks_source(tmp_path, mo
     def fake_generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers=1):
         folder = root / f"pathfinder{res}" / "curv_contour_length_14"    # as pathfinder.generate_pathfinder: mark first
         folder.mkdir(parents=True)
-        (folder / lra_data.GENERATED_MARK).write_text("fake\n")
+        (folder / lra_files.GENERATED_MARK).write_text("fake\n")
         write_pathfinder(folder, [np.full((res, res), j, np.uint8) for j in range(n)], [j % 2 for j in range(n)])
         return folder
     monkeypatch.setattr(pathfinder, "generate_pathfinder", fake_generate_pathfinder)
@@ -455,7 +455,7 @@ def test_empty_metadata_file_is_reported_in_notes_also_when_the_cache_is_reused(
     note = f"skipped 1 empty metadata file: {folder / 'metadata' / '3.npy'} (0 images listed; 5 PNGs"
     ds = load("pathfinder", "train", tmp_path, cache_dir=tmp_path / "c")
     assert any(note in n for n in ds.notes), ds.notes
-    monkeypatch.setattr(lra_data, "_build_pathfinder", lambda *a: pytest.fail("cache was rebuilt"))
+    monkeypatch.setattr(sources, "build_pathfinder", lambda *a: pytest.fail("cache was rebuilt"))
     again = load("pathfinder", "test", tmp_path, cache_dir=tmp_path / "c")
     assert again.notes == ds.notes, "the reused cache lost the notes"
     assert any(note in n for n in json.loads((ds.store / "meta.json").read_text())["notes"]), "not in meta.json"

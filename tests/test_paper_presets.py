@@ -15,10 +15,11 @@ import lra_data
 import presets
 import train
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "presets.md"
 HEADING = "Paper-preset model sizes"
 L = 128                                   # reduced length of the forward/backward check (the paper's: 1,024 … 65,536)
-MODEL_NAMES = {"transformer": "Transformer", "s4": "S4", "dlr": "DLR"}
+MODEL_NAMES = {m: m.upper() if len(m) <= 3 else m.capitalize()      # the models with paper values, as headed
+               for m, entry in train.MODELS.items() if entry.paper}
 
 # Parameters of Classifier(backbone + head) that `--preset paper` builds, the README table's numbers. They change
 # only when a model file, the head or PAPER_* in train.py change; then update both this table and the README.
@@ -97,17 +98,17 @@ def readme_block():
     rows = [f"| {t} | " + " | ".join(f"{EXPECTED_PARAMS[m, t]:,} ({size(m, t)})" for m in MODEL_NAMES) + " |"
             for t in lra_data.TASKS]
     return "\n".join([f"## {HEADING}", "", "| task | " + " | ".join(MODEL_NAMES.values()) + " |",
-                      "|---|---|---|---|", *rows])
+                      "|---" * (len(MODEL_NAMES) + 1) + "|", *rows])
 
 
 def test_readme_prints_the_paper_preset_parameter_counts():
     text = README.read_text(encoding="utf-8")
     section = re.search(rf"^#+ {re.escape(HEADING)}\s*$(.*?)(?=^#+ |\Z)", text, re.M | re.S)
     assert section, \
-        f"README.md has no '{HEADING}' section; add it (from tests/test_paper_presets.py):\n{readme_block()}"
+        f"docs/presets.md has no '{HEADING}' section; add it (from tests/test_paper_presets.py):\n{readme_block()}"
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.group(1).splitlines()
             if line.strip().startswith("|") and not set(line) <= set("|-: ")]
-    assert rows, f"README.md '{HEADING}' section has no table; expected:\n{readme_block()}"
+    assert rows, f"docs/presets.md '{HEADING}' section has no table; expected:\n{readme_block()}"
     header, body = rows[0], rows[1:]
     assert [h.lower() for h in header[1:]] == list(MODEL_NAMES), \
         f"README '{HEADING}' columns {header} are not task + {list(MODEL_NAMES.values())}"
@@ -127,7 +128,7 @@ def test_readme_prints_the_paper_preset_parameter_counts():
 
 def test_committed_table_of_paper_presets_and_their_sources_is_current():
     import presets
-    table = (README.parent / "results" / "paper_presets.md").read_text(encoding="utf-8").splitlines()
+    table = (README.parents[1] / "results" / "paper_presets.md").read_text(encoding="utf-8").splitlines()
     rows = presets.paper_table(train.MODELS)
     assert all(row in table for row in rows), "results/paper_presets.md is stale: python presets.py --out results/paper_presets.md"
     for row in rows[2:]:

@@ -139,7 +139,7 @@ def test_objectives_table_pairs_spt_and_tfs_by_seed(tmp_path):
     script("summarize").main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")])
     summary = objectives_part((tmp_path / "out" / "summary.md").read_text())
     assert "| model | TFS | SPT masked | SPT rtd |" in summary
-    assert rows_of(summary, "transformer: SPT − TFS per seed") == [["—", "+5.0 / -2.0 / +5.0", "+2.0 / +1.0"]], \
+    assert rows_of(summary, "transformer: SPT − TFS per seed") == [["—", "+5.0 / -2.0 / +5.0 → +2.7 [-7.4, +12.7]", "+2.0 / +1.0 → +1.5 [-4.9, +7.9]"]], \
         "SPT − TFS must subtract the TFS run of the same seed, in seed order"
     assert rows_of(summary, "transformer")[1] == ["— · 2.0 min", "3.000 ± 1.000 · 2.0 min (SPT 1.0)",
                                                   "3.500 ± 0.707 · 2.0 min (SPT 1.0)"], "SPT val loss, wall time"
@@ -191,3 +191,58 @@ def test_objectives_summary_is_the_same_without_matplotlib_and_its_plots_the_sam
     if (tmp_path / "a").is_dir():
         assert (tmp_path / "c" / "summary.md").read_text() == (tmp_path / "a" / "summary.md").read_text(), \
             "summary.md depends on whether matplotlib is installed"
+
+
+# ---- the statistics behind the claims (results/stats.py) and the control study's tables ---------------------------
+
+def test_t_quantiles_intervals_and_exact_mcnemar_equal_hand_computations():
+    stats = script("stats")
+    assert [stats.t975(df) for df in (1, 2, 5, 7, 30)] == [12.706, 4.303, 2.571, 2.365, 2.042]   # a t table
+    assert abs(stats.t975(60) - 2.000) < 1e-3 and abs(stats.t975(120) - 1.980) < 1e-3
+    mean, low, high = stats.interval([2.0, 4.0, 6.0])            # mean 4, s = 2, half = 4.303 · 2 / √3
+    assert mean == 4.0 and abs(high - 4.0 - 4.303 * 2 / 3 ** 0.5) < 1e-12 and abs(low + high - 8.0) < 1e-12
+    truth = "0" * 20
+    a, b = "0" * 10 + "1" + "0" * 9, "1" * 9 + "0" * 11     # only a right: 9 reviews; only b right: 1
+    assert stats.mcnemar(a, b, truth) == (9, 1, 2 * 11 / 2 ** 10)   # 2 · (C(10,0) + C(10,1)) / 2^10
+    assert stats.mcnemar(a, a, truth)[2] == 1.0 and stats.binomial_tail(3, 3) == 1.0
+    d = stats.paired({0: (0.62, 0.60), 1: (0.64, 0.60), 2: (0.66, 0.60)})
+    assert d["diffs"] == pytest.approx([2.0, 4.0, 6.0]) and d["mean"] == pytest.approx(4.0) and d["n"] == 3
+
+
+def control_run(model, seed, kind, ft_steps, test, predictions, spt_steps=0):
+    """One run as read_run gives it, enough for control_section."""
+    return dict(name=f"{model}-{kind}-{ft_steps}-s{seed}", model=model, task="text", seed=seed, kind=kind,
+                spt=("SPT (750 steps, mask 0.15, lr 0.002)" if kind == "SPT" else "TFS"), objective="masked",
+                recipe="", setting="s", base="L ≤ 512 · D64x2", spt_steps=spt_steps, ft_steps=ft_steps,
+                n_train=4000, chance=0.5, curve=[(ft_steps, 0.6)], test=test, best_val=0.6, params=1,
+                seconds=60.0, spt_seconds=0.0, git="abc", torch="2", device="cpu", command="python train.py",
+                kernels=None, spt_loss=None, spt_best=None, speed=None, best_epoch=2, last_epoch=2 + (kind == "SPT"),
+                predictions=dict(labels="0" * 20, index_sha1="x", predictions=predictions))
+
+
+def test_the_control_table_gives_each_pair_of_arms_its_interval_and_mcnemar_tests(tmp_path):
+    summarize = script("summarize")
+    runs = []
+    for seed, (tfs, long, spt) in enumerate([(0.60, 0.61, 0.62), (0.60, 0.60, 0.64), (0.60, 0.62, 0.66)]):
+        runs += [control_run("dlr", seed, "TFS", 1250, tfs, "1" * 9 + "0" * 11),
+                 control_run("dlr", seed, "TFS", 2000, long, "1" * 9 + "0" * 11),
+                 control_run("dlr", seed, "SPT", 1250, spt, "0" * 20, spt_steps=750)]
+    lines, _ = summarize.control_section(runs, tmp_path, None, "control")
+    row = next(line for line in lines if line.startswith("| dlr | SPT − TFS |"))
+    assert "+2.0 / +4.0 / +6.0" in row and "+4.0 [-1.0, +9.0]" in row, row      # hand: 4 ± 4.303 · 2 / √3
+    assert "0.0039 / 0.0039 / 0.0039 (3 of 3 < 0.05)" in row, row               # 9 vs 0: 2 / 2^9
+    assert any(line.startswith("| dlr | 60.0 [60.0, 60.0] (n=3)") for line in lines), lines
+    assert any("TFS 3 of 3" in line and "SPT 0 of 3" in line for line in lines), "runs ending at their last eval"
+
+
+def test_a_tiny_run_writes_its_test_predictions_and_the_summary_reads_them_back(tmp_path):
+    generate_listops(tmp_path / "data", 16, 8, 8, min_length=10, max_length=60)
+    results = train.main(["--model", "dlr", "--task", "listops", "--preset", "tiny", "--d-model", "8", "--n-layers",
+                          "1", "--d-state", "8", "--batch-size", "16", "--epochs", "1", "--data-dir",
+                          str(tmp_path / "data"), "--out", str(tmp_path / "runs")])
+    folder = Path(results["run_dir"])
+    run = script("summarize").read_run(folder)
+    p = run["predictions"]
+    assert p["n"] == len(p["labels"]) == len(p["predictions"]) == 8, p
+    correct = sum(x == y for x, y in zip(p["predictions"], p["labels"])) / p["n"]
+    assert abs(correct - results["test_acc"]) < 1e-12, "the predictions do not give the run's test accuracy"

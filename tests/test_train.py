@@ -16,6 +16,7 @@ import denoise
 import heads
 import lra_data
 from lra.listops import generate_listops
+import steps
 import train
 from conftest import records, run
 
@@ -169,7 +170,7 @@ def test_one_batch_overfits(model):
     net = train.build_model(meta)
     x, y = torch.randint(4, 19, (8, 32)), torch.arange(8) % 10               # (B, L) ids, (B,) labels
     lengths = torch.tensor([32, 30, 25, 20, 32, 17, 10, 32])
-    opt = torch.optim.AdamW(train.param_groups(net, 3e-3, 0.0, 3e-3, ssm_names))
+    opt = torch.optim.AdamW(steps.param_groups(net, 3e-3, 0.0, 3e-3, ssm_names))
     losses = []
     for _ in range(50):
         loss = torch.nn.functional.cross_entropy(net(x, lengths), y)
@@ -185,7 +186,7 @@ def test_param_groups_put_each_parameter_in_exactly_one_group(model):
     Config, Model, ssm_names = train.MODELS[model][:3]
     cfg = Config(d_model=16, n_layers=2, vocab_size=19)
     net = heads.Classifier(Model(cfg), 16, 10, "mean", pair=False)
-    groups = train.param_groups(net, 1e-3, 0.05, 1e-4, ssm_names)
+    groups = steps.param_groups(net, 1e-3, 0.05, 1e-4, ssm_names)
     ids = [id(p) for g in groups for p in g["params"]]
     assert len(ids) == len(set(ids)), "a parameter sits in two groups"
     assert set(ids) == {id(p) for p in net.parameters()}, "a parameter is in no group"

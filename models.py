@@ -1,0 +1,53 @@
+"""models.py: the backbones train.py can train, one entry each, and the models of checkpoints.
+entry:   Model(Config, build, ssm_params, paper): the config dataclass, Config -> backbone (forward(x,
+         lengths) -> (B, L, D) features), the parameters with their own lr, the --preset paper values
+derived: --model's choices, the presets, the memory and parameter tables and the tests' model lists
+         all read MODELS, so a new model is its file and one entry here (docs/fork.md)
+Check: tests/test_fork.py (a model added as one entry), tests/test_paper_presets.py.
+"""
+from typing import Callable, NamedTuple
+
+import dlr
+import heads
+import presets
+import runs
+import s4
+import transformer
+
+
+class Model(NamedTuple):
+    Config: type                # the model file's config dataclass: presets and flags set it
+    build: Callable             # Config -> backbone, forward(x, lengths) -> (B, L, D) features
+    ssm_params: set             # leaf names of parameters with their own lr, no weight decay
+    paper: Callable | None      # (task, spt) -> (values, sources) of --preset paper, or None
+
+
+MODELS = {
+    "transformer": Model(transformer.TransformerConfig, transformer.Transformer,
+                         transformer.SSM_PARAMS, presets.transformer_paper),
+    "s4": Model(s4.S4Config, s4.S4, s4.SSM_PARAMS, presets.s4_paper),
+    "dlr": Model(dlr.DLRConfig, dlr.DLR, dlr.SSM_PARAMS, presets.dlr_paper),
+}
+
+
+def preset_values(preset, model, task, spt):
+    """Every setting `preset` decides for (model, task), with or without SPT."""
+    return presets.preset_values(preset, model, MODELS[model], task, spt)
+
+
+def model_config(model, task, values, causal=False):
+    """The backbone config of `model` for `task` from preset values and flags."""
+    return presets.model_config(MODELS[model].Config, task, values, causal)
+
+
+def build_model(ck):
+    """The model a checkpoint dict (or a run's meta) describes, with its MODELS entry."""
+    return heads.build_model(ck, MODELS[ck["model_name"]])
+
+
+def load_model(path, device="cpu"):
+    """Load a checkpoint written by train.py: returns (model in eval mode, the checkpoint dict)."""
+    ck = runs.read_checkpoint(path, device)
+    model = build_model(ck).to(device)
+    model.load_state_dict(ck["model"])
+    return model.eval(), ck
