@@ -393,7 +393,7 @@ def main(argv=None):
     import argparse
     import sys
 
-    import train                                          # MODELS: train.py declares them
+    import models                    # the models read these presets: imported only here (no cycle)
     p = argparse.ArgumentParser(description="Print every --preset paper value and its source "
                                             "(markdown).")
     p.add_argument("--out", default=None, help="write the table here instead of printing it")
@@ -405,7 +405,7 @@ def main(argv=None):
                       "Written by `python presets.py --out results/paper_presets.md` "
                       "(tests/test_paper_presets.py checks that it is current). Sizes: "
                       "docs/presets.md.", "",
-                      *paper_table(train.MODELS)])
+                      *paper_table(models.MODELS)])
     if args.out:
         Path(args.out).write_text(text + "\n")
     else:

@@ -7,11 +7,14 @@ pixels: Image: CIFAR-10 python batches (Krizhevsky 2009), folder or tar.gz -> gr
 Each reader appends one-line notes on what it skipped, found empty or cut, and raises DataError naming file and line.
 check: tests/test_lra_data.py reads the real files through lra_data.load; tests/test_lra_files.py the formats' corners.
 """
+import multiprocessing
 import os
 import pickle
 import re
 import shutil
+import signal
 import tarfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,31 @@ N_SPECIAL = 4
 
 class DataError(Exception):
     """Missing or malformed input. The message is one actionable line; train.py exits with status 2."""
+
+
+# ----------------------------------------------------------------------------- worker processes
+
+tqdm.monitor_interval = 0      # no tqdm monitor thread: a process that runs no other thread forks its pool safely
+PARENT = {"pid": None}          # a pool worker's parent: if it dies (SIGKILL, the OOM killer), the worker stops
+
+
+def worker_pool(workers):
+    """A multiprocessing.Pool of `workers` processes that know their parent's pid (start_worker). Forked when this
+    process runs no other thread (fast: nothing is imported again), spawned otherwise: a fork copies the locks other
+    threads hold (pytest-xdist's, tqdm's monitor) but not the threads, so a child can wait on one forever."""
+    alone = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if alone else "spawn").Pool(workers, start_worker, (os.getpid(),))
+
+
+def orphaned():
+    """True in a pool worker whose parent has died: it stops instead of writing what nobody will read."""
+    return PARENT["pid"] is not None and os.getppid() != PARENT["pid"]
+
+
+def start_worker(parent):
+    """A pool worker's initializer: Ctrl-C is the parent's (it stops the pool), and the parent's pid is kept."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    PARENT["pid"] = parent
 
 
 # ----------------------------------------------------------------------------- folders our generators write

@@ -2,18 +2,14 @@
 path:  dash j+1 has its head h at distance length + margin from the pivot p = ceil(p_j + (length + 2·margin)·u(θ_j)),
        P(h) ∝ (1 - dilated occupancy(h)) · max(cos(min(|θ_h - θ_j|·continuity, π/2)), 0)², redrawn if it touches
 image: bytescale(max(2 target paths, distractor paths, 2 marker discs)); label 1 <=> markers on both ends of one path
-A re-implementation of drewlinsley/pathfinder snakes2.py: same algorithm, quirks and pixels, with its stamps drawn once
-(with PIL, as it draws them). Check: tests/test_pathfinder_gen.py (pixel statistics of the original generator's images,
-labels, file layout, same bytes for any number of workers); speed: python lra_data.py --task pathx --speed.
+A re-implementation of drewlinsley/pathfinder snakes2.py: same algorithm, quirks and pixels, stamps drawn once with PIL.
+Check: tests/test_pathfinder_gen.py (the original's pixel statistics, same bytes for any workers); speed: --speed.
 """
 import contextlib
 import io
 import math
-import multiprocessing
-import os
 import random
 import shutil
-import signal
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -24,7 +20,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from lra.files import GENERATED_MARK, check_output_folder, read_mark, write_mark
+from lra.files import GENERATED_MARK, check_output_folder, orphaned, read_mark, worker_pool, write_mark
 
 # Names used below (y, x = row, column; the repo's shape legend B, L, D, ... does not apply in this file):
 #   dash        one short anti-aliased line segment ("paddle" in snakes2); a path ("snake") is a chain of dashes
@@ -400,16 +396,8 @@ def _exclusive(path, out):      # a new file opened for writing, or FileExistsEr
         raise _exists(path, out) from None
 
 
-# images per second per core of this generator, measured on a CPU here (results/generator_speed.txt): the time a
-# large set will take is printed before it starts
+# images per second per core, measured here (results/generator_speed.txt): a large set's time is printed first
 IMAGES_PER_CORE_S = {32: 265.0, 128: 17.0, 256: 229.0}
-PARENT = {"pid": None}          # a pool worker's parent: if it dies (SIGKILL, the OOM killer), the worker stops
-
-
-def start_worker(parent):
-    """A pool worker's initializer: Ctrl-C is the parent's (it stops the pool), and the parent's pid is kept."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    PARENT["pid"] = parent
 
 
 def _write_batch(job):
@@ -421,8 +409,8 @@ def _write_batch(job):
     (out / "imgs" / str(k)).mkdir(parents=True, exist_ok=True)
     lines = []
     for j, label in enumerate(labels):
-        if PARENT["pid"] is not None and os.getppid() != PARENT["pid"]:
-            raise SystemExit(1)                          # orphaned: nobody will read what it would write
+        if orphaned():
+            raise SystemExit(1)                          # nobody will read what it would write
         img, info = pathfinder_image(rng, res, contour_length, label, details=True)
         with _exclusive(out / "imgs" / str(k) / f"sample_{j}.png", out) as f:
             Image.fromarray(img).save(f, format="PNG")
@@ -488,8 +476,7 @@ def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers
         write_mark(out, "generate_pathfinder", params)
     try:
         with tqdm(total=sum(len(j[-1]) for j in jobs), desc=f"pathfinder{res}/{out.name}", unit="img") as bar, \
-                multiprocessing.Pool(workers, start_worker, (os.getpid(),)) if workers > 1 and len(jobs) > 1 \
-                else contextlib.nullcontext() as pool:
+                worker_pool(workers) if workers > 1 and len(jobs) > 1 else contextlib.nullcontext() as pool:
             for done in pool.imap_unordered(_write_batch, jobs) if pool else map(_write_batch, jobs):
                 bar.update(done)
     except OSError:

@@ -9,8 +9,6 @@ generated: ListOps and Pathfinder/PathX, only into an absent, empty or own folde
 Check: tests/test_lra_data.py (through lra_data.load), tests/test_faults.py.
 """
 import contextlib
-import multiprocessing
-import os
 from pathlib import Path
 
 from lra import cache as lra_cache
@@ -31,8 +29,7 @@ def build_pathfinder(folder, side, workers, paths, labels, store):
         raise DataError(f"{folder / 'metadata'}: the metadata files list no images")
     jobs = [(paths[i: i + 256], side) for i in range(0, len(paths), 256)]
     many = workers > 1 and len(jobs) > 1                   # one block: no pool (no fork at all)
-    with (multiprocessing.Pool(workers, pathfinder.start_worker, (os.getpid(),)) if many
-          else contextlib.nullcontext()) as pool:
+    with lra_files.worker_pool(workers) if many else contextlib.nullcontext() as pool:
         blocks = pool.imap(lra_files.read_pngs, jobs) if pool else map(lra_files.read_pngs, jobs)
         return lra_cache.write_pixels(store, "all", labels, side * side, blocks)
 

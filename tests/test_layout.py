@@ -1,0 +1,84 @@
+"""The repo's layout as facts: the import graph has no cycle, each file imports only what its concept needs, and the
+README's reading order ("Reading the code") never uses a file before it is read."""
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FILES = sorted([*REPO.glob("*.py"), *REPO.glob("lra/*.py"), *REPO.glob("tools/*.py")])
+MODULES = {str(f.relative_to(REPO).with_suffix("")).replace("/", "."): f for f in FILES}
+
+
+def top_level_imports(path):
+    """The repo modules that `path` imports when it is imported (module level: not the lazy imports inside
+    functions, which run only when called)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n in MODULES}
+    return found - {str(path.relative_to(REPO).with_suffix("")).replace("/", ".")}
+
+
+GRAPH = {name: top_level_imports(path) for name, path in MODULES.items()}
+
+
+def test_the_import_graph_has_no_cycle():
+    done, path = set(), []
+
+    def visit(name):
+        if name in path:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(name):] + [name]))
+        if name not in done:
+            path.append(name)
+            for dep in sorted(GRAPH[name]):
+                visit(dep)
+            path.pop()
+            done.add(name)
+    for name in sorted(GRAPH):
+        visit(name)
+
+
+def test_each_concept_file_imports_only_what_its_concept_needs():
+    assert GRAPH["ssm"] == set() and GRAPH["transformer"] == set() and GRAPH["denoise"] == set()
+    assert GRAPH["s4"] == {"ssm"} and GRAPH["dlr"] == {"ssm"}, "a kernel needs only the shared SSM block"
+    assert GRAPH["heads"] == {"denoise", "lra_data"}, GRAPH["heads"]
+    assert GRAPH["runs"] == set(), "run plumbing knows no model, task or objective"
+    for generator in ("lra.listops", "lra.pathfinder"):                 # generators never import each other
+        assert GRAPH[generator] == {"lra.files"}, (generator, GRAPH[generator])
+    models = {"transformer", "s4", "dlr"}
+    users = {name for name, deps in GRAPH.items() if deps & models}
+    assert users <= {"models", "tools.speed"}, f"models are built through models.MODELS only: {users}"
+
+
+def test_the_readme_reading_order_never_uses_a_file_before_it_is_read():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Reading the code")[1].split("\n## ")[0]
+    items = "\n".join(re.findall(r"^\d+\. .*(?:\n   .*)*", section, flags=re.M))     # the numbered list
+    order = list(dict.fromkeys(re.findall(r"`(\w+)\.py`", items)))
+    assert {"ssm", "s4", "dlr", "transformer", "denoise", "lra_data", "heads", "runs", "steps", "presets", "models",
+            "train"} <= set(order), order
+    for i, name in enumerate(order):
+        needed = {dep for dep in GRAPH[name] if not dep.startswith(("lra.", "tools.")) and dep != "lra"}
+        unread = needed - set(order[:i])
+        assert not unread, f"README: {name}.py (item {i + 1}) imports {sorted(unread)}, read later or not at all"
+
+
+def test_the_readme_file_table_gives_each_file_its_line_count():
+    readme = (REPO / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if re.match(r"\| `[\w/]+\.py`", line)]
+    assert len(rows) > 10, "README: no file table"
+    for row in rows:
+        files, count = re.findall(r"`([\w/]+\.py)`", row.split(" | ")[0]), int(row.rstrip(" |").split("|")[-1])
+        lines = sum(len((REPO / f).read_text().splitlines()) for f in files)
+        assert lines == count, f"README's file table: {', '.join(files)} has {lines} lines, the table says {count}"
+
+
+def test_no_file_of_the_code_is_over_500_lines():
+    files = [*FILES, *REPO.glob("results/*.py")]                    # the tests may be longer
+    long = {str(f.relative_to(REPO)): n for f in files if (n := len(f.read_text().splitlines())) > 500}
+    assert not long, f"over 500 lines: {long}"
