@@ -4,8 +4,8 @@ recurrent:    x_k = λ⊙x_{k-1} + u_k,  y_k = Re(W x_k)
               (λ_n = exp(−p_n² + iθ_n), one set shared by all channels)
 convolution:  y = K * u,  K_l = Re(W λ^l) = Re Σ_n W_n λ_n^l
 -> both views must agree: see tests/test_dlr.py and tests/test_ssm.py.
-DLR is S4 with the reparameterisation removed: no HiPPO, no Δ, no discretisation, no B,
-no conjugate pairs.
+DLR is S4 with the reparameterisation removed: no HiPPO, no discretisation (Δ survives only as
+the init range of |λ|: log|λ_n| = −Δ_n / 2), no B, no conjugate pairs.
 Shapes: B batch, L length, H = d_model channels, N state size;
 S = 1 or 2 directions (bidirectional).
 The block around the kernel (FFT convolution, D skip, GELU, GLU, norms, padding) is ssm.py's.

@@ -111,7 +111,7 @@ def model_input(x, task):
 
 def build_model(ck, entry):
     """The model a checkpoint dict describes, around backbone =
-    entry.build(entry.Config(**ck["config"])) (entry: its train.MODELS entry): a Classifier, a
+    entry.build(entry.Config(**ck["config"])) (entry: its models.MODELS entry): a Classifier, a
     Denoiser, or ELECTRA's ReplacedTokenDetection (discriminator = the backbone, generator of the
     same family from head["gen_config"])."""
     Config, build = entry.Config, entry.build

@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import hashlib
 import os
-import signal
 import tempfile
 import sys
 from dataclasses import dataclass
@@ -288,6 +287,7 @@ def _cut_count(store, part, index, max_len, pair):
 
 
 def main(argv=None):
+    import runs                                    # the command line's plumbing only
     p = argparse.ArgumentParser(description="Read (or generate) one LRA task and cache it; prints "
                                             "source, sizes, label balance and notes on what was "
                                             "skipped or cut.")
@@ -329,7 +329,7 @@ def main(argv=None):
               f"average {load_1:.2f} {load_5:.2f} {load_15:.2f} (1/5/15 min, this run included) "
               f"on {os.cpu_count()} CPUs")
         return 0
-    stop_on_sigterm()
+    runs.stop_on_sigterm()                      # the run plumbing's: a SIGTERM is a Ctrl-C
     try:
         for split in ("train", "val", "test"):
             ds = load(args.task, split, args.data_dir, lra_val=args.lra_val,
@@ -345,23 +345,11 @@ def main(argv=None):
         print(f"lra_data.py: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"lra_data.py: stopped by {STOP['cause']}; a half-built cache was removed; "
+        print(f"lra_data.py: stopped by {runs.STOP['cause']}; a half-built cache was removed; "
               f"data being "
               f"generated is left half made, and the same command completes it", file=sys.stderr)
-        return 130
+        return runs.stop_status()
     return 0
-
-
-STOP = {"cause": "Ctrl-C"}
-
-
-def stop_on_sigterm():
-    """SIGTERM (a scheduler's time limit, `kill`) stops the command as Ctrl-C does: workers
-    stopped, caches cleaned."""
-    def stop(signum, frame):
-        STOP["cause"] = "SIGTERM"
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, stop)
 
 
 if __name__ == "__main__":

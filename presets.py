@@ -4,10 +4,10 @@ paper: model sizes and learning rates of Amos, Berant & Gupta (ICLR 2024): Table
        rates and batch sizes of S4 and DLR with SPT, and of DLR from scratch) and App. C.1.2
        (PathX-256); S4 from scratch and the epochs, batch sizes and model sizes the tables leave out
        come from the authors' released configs and S4's LRA configs (Gu et al., ICLR 2022). Each
-       model's function (transformer_paper, s4_paper, dlr_paper: train.MODELS names them) gives the
+       model's function (transformer_paper, s4_paper, dlr_paper: models.MODELS names them) gives the
        source of every value; `python presets.py` prints them all (results/paper_presets.md).
 tiny / small: CPU-sized runs of the real tasks (no toy task), our own choice (cpu_values).
-Explicit command-line flags always win over a preset (apply_presets, one merge); check_combinations
+Explicit command-line flags always win over a preset (apply, one merge); check
 holds the checks that involve several flags (each flag's own range is checked where train.py
 declares it).
 """
@@ -179,7 +179,7 @@ def dlr_paper(task, spt):
 def borrow(paper, name):
     """Another model's paper values, for a model the paper never ran (a fork): the same (values,
     sources), each source saying "borrowed from <name>" (train.py prints a note). Use as
-    paper=presets.borrow(presets.dlr_paper, "dlr") in its train.MODELS entry."""
+    paper=presets.borrow(presets.dlr_paper, "dlr") in its models.MODELS entry."""
     def borrowed(task, spt):
         values, sources = paper(task, spt)
         return values, {k: f"borrowed from {name}: {v}" for k, v in sources.items()}
@@ -217,7 +217,7 @@ CPU_SHARE = {("s4", "pathx"): 4, ("s4", "pathx256"): 4, ("transformer", "pathx")
 def cpu_values(preset, model, task):
     """Every setting a CPU preset ("tiny", "small") decides for (model, task): training flags and
     model-config fields. Flags given explicitly on the command line override these
-    (apply_presets)."""
+    (apply)."""
     epochs, batch, generate, max_train, max_eval = CPU_TASK[preset][task]
     share = CPU_SHARE.get((model, task), 1)
     batch = max(4, batch // share)
@@ -225,7 +225,7 @@ def cpu_values(preset, model, task):
             "generate": generate, "max_train": max_train // share,
             "max_eval": max(16, max_eval // share),
             "accum_steps": 1, "pretrain_accum_steps": 1}   # SPT batch: --batch-size's
-                                                           # (apply_presets)
+                                                           # (apply)
 
 
 def model_config(Config, task, values, causal=False):
@@ -244,7 +244,7 @@ def model_config(Config, task, values, causal=False):
 # ---- one merge of preset and flags; the checks of several flags at once --------------------------
 
 def preset_values(preset, name, entry, task, spt):
-    """Every setting `preset` decides for model `name` (entry: its train.MODELS entry) on `task`,
+    """Every setting `preset` decides for model `name` (entry: its models.MODELS entry) on `task`,
     with or without SPT: training flags and model-config fields. Raises ValueError for --preset
     paper of a model without paper values."""
     if preset != "paper":
@@ -259,7 +259,7 @@ def preset_values(preset, name, entry, task, spt):
 def apply(args, entry):
     """Merge the preset's values into args, in one place: an explicit flag (not None) wins; then the
     defaults that follow from the task and the model (pooling, mask ratio, the RTD generator's
-    width). entry: the model's train.MODELS entry. Returns the model-config fields (of
+    width). entry: the model's models.MODELS entry. Returns the model-config fields (of
     entry.Config) the preset or the flags decide, and the notes to print. A paper batch is split
     into micro-batches of this process's rows (memory per process)."""
     args.preset = args.preset or ("paper" if torch.cuda.is_available() else "tiny")
@@ -310,7 +310,7 @@ def apply(args, entry):
 
 def check(args, config_kw, entry, objective):
     """The checks that involve several flags (or a flag and the disk), after the presets are
-    applied; returns the backbone config (entry: the model's train.MODELS entry, objective: the
+    applied; returns the backbone config (entry: the model's models.MODELS entry, objective: the
     --objective's OBJECTIVES entry). Raises ValueError with one line naming the flags (train.py
     prints it and exits with status 2)."""
     task = lra_data.TASKS[args.task]
@@ -367,7 +367,7 @@ def not_on_image(args):
 
 def paper_table(models):
     """Markdown rows: every `--preset paper` value that differs by run (model, task, TFS / SPT),
-    with its source. models: train.MODELS (the entries without paper values are left out)."""
+    with its source. models: models.MODELS (the entries without paper values are left out)."""
     keys = ["lr", "pretrain_lr", "batch_size", "pretrain_batch_size", "accum_steps",
             "pretrain_accum_steps", "epochs", "pretrain_epochs", "warmup", "weight_decay"]
     rows = ["| model | task | run | " + " | ".join(keys) + " | sources |",

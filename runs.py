@@ -7,10 +7,7 @@ resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stop
              is refused in one line
 stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line naming where, and the
              --resume command
-DDP:         every process reads the whole global batch and keeps its rows; sums of metrics are
-             added over processes
-device:      --device checked, --precision decided once (bf16 / fp16 + scaler / tf32 / fp32),
-             loaders that feed a GPU
+(a step on the hardware, DDP, --device and --precision, the loaders: steps.py)
 Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints,
 faults, bad flags).
 """
@@ -146,6 +143,11 @@ def stop_on_sigterm():
         signal.signal(signal.SIGTERM, stop)
 
 
+def stop_status():
+    """The exit status of a stop, as a shell gives it: 128 + the signal (SIGTERM 143, Ctrl-C 130)."""
+    return 128 + (signal.SIGTERM if STOP["cause"] == "SIGTERM" else signal.SIGINT)
+
+
 @contextlib.contextmanager
 def stopping_at(where):
     """A stop inside the block is re-raised naming `where` (a string, or a function giving it),
@@ -170,7 +172,7 @@ def stopped_in(folder=None):
             print(f"train.py: stopped by {STOP['cause']} at {where}; no run folder was made; "
                   f"a half-built cache was removed, data being generated is kept half made: "
                   f"the same command completes it", file=sys.stderr)
-            raise SystemExit(130) from None
+            raise SystemExit(stop_status()) from None
         last = read_checkpoint(folder / "last.pt") if (folder / "last.pt").is_file() else None
         saved = (f"last.pt holds {last['phase']} epoch {last['epoch']}" if last
                  else "no checkpoint yet")
@@ -181,7 +183,7 @@ def stopped_in(folder=None):
         if rank() == 0:                             # the log says how the run ended, too
             with contextlib.suppress(OSError), open(folder / "log.txt", "a") as f:
                 f.write(line + "\n")
-        raise SystemExit(130) from None
+        raise SystemExit(stop_status()) from None
 
 
 # ---- locks, the commit, the machine --------------------------------------------------------------

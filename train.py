@@ -7,8 +7,8 @@ phase 2:         the same backbone + a fresh pooled classifier learn the labels;
     python train.py --model dlr --task pathx --spt                       # paper preset on a GPU
     python train.py --resume runs/<run folder>                           # continue a stopped run
     torchrun --nproc_per_node=4 train.py --model s4 --task pathx --spt   # DDP, global --batch-size
-Reading order: the knobs first (MODELS, OBJECTIVES, parse_flags: each flag once, with its range),
-then one phase (run_phase, train_epoch), the method (run_both_phases), main() as named steps.
+Reading order: the knobs (OBJECTIVES, parse_flags: each flag once, with its range; MODELS is in
+models.py), one phase (run_phase, train_epoch), the method (run_both_phases), main() by steps.
 Check: tests/test_train.py, test_robustness.py, test_faults.py, test_fork.py (docs/fork.md).
 """
 import argparse

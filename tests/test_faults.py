@@ -141,7 +141,7 @@ def test_generator_workers_stop_when_their_parent_is_terminated_or_killed(how, t
     time.sleep(1.5)
     assert count_files(tmp_path) == before, f"files still appear after the generator's parent got {how.name}"
     if how == signal.SIGTERM:
-        assert gen.returncode == 130 and "stopped by SIGTERM" in err and "completes it" in err, err[-1000:]
+        assert gen.returncode == 143 and "stopped by SIGTERM" in err and "completes it" in err, err[-1000:]
 
 
 def stop_when_saved(job, folder_glob, epochs_after=0, seconds=90):
@@ -167,7 +167,7 @@ def test_sigterm_during_spt_prints_the_resume_command_and_it_works(data_dir, tmp
     err = stop_when_saved(job, tmp_path / "*")
     (folder,) = tmp_path.iterdir()
     line = next((line for line in err.splitlines() if line.startswith("train.py:")), err[-1500:])
-    assert job.returncode == 130 and "stopped by SIGTERM at spt epoch" in line, line
+    assert job.returncode == 143 and "stopped by SIGTERM at spt epoch" in line, line
     assert line.endswith(f"python train.py --resume {folder}") and not list(folder.glob("*.tmp")), line
     command = line.rsplit("continue with: ", 1)[1].split()                # the command it printed, as it is
     again = subprocess.Popen([sys.executable, *command[1:]], cwd=REPO, stdout=subprocess.DEVNULL,

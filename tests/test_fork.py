@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 import denoise
+import models
 import presets
 import train
 from conftest import records, run
@@ -73,7 +74,7 @@ def LRU(cfg):
 
 @pytest.fixture
 def lru(monkeypatch):
-    monkeypatch.setitem(train.MODELS, "lru", train.Model(LRUConfig, LRU, LRU_PARAMS, paper=None))
+    monkeypatch.setitem(models.MODELS, "lru", models.Model(LRUConfig, LRU, LRU_PARAMS, paper=None))   # models.py
 
 
 def test_a_model_added_as_one_entry_pre_trains_and_fine_tunes(lru, data_dir, tmp_path, capsys):
@@ -93,12 +94,12 @@ def test_a_model_without_paper_values_stops_preset_paper_in_one_line(lru, data_d
 
 
 def test_a_model_that_borrows_paper_values_says_so_and_names_the_source(monkeypatch):
-    monkeypatch.setitem(train.MODELS, "lru", train.Model(LRUConfig, LRU, LRU_PARAMS,
+    monkeypatch.setitem(models.MODELS, "lru", models.Model(LRUConfig, LRU, LRU_PARAMS,
                                                          presets.borrow(presets.dlr_paper, "dlr")))
     args, _, _ = train.parse_flags(["--model", "lru", "--task", "text", "--preset", "paper"])
-    _, notes = presets.apply(args, train.MODELS["lru"])
+    _, notes = presets.apply(args, models.MODELS["lru"])
     assert any("borrowed" in n for n in notes) and args.lr == presets.dlr_paper("text", False)[0]["lr"], notes
-    table = "\n".join(presets.paper_table(train.MODELS))
+    table = "\n".join(presets.paper_table(models.MODELS))
     assert "| lru | text | TFS |" in table and "borrowed from dlr: paper Table 5" in table
 
 

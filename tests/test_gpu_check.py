@@ -66,7 +66,7 @@ def test_gpu_check_at_reduced_size_runs_every_part_and_writes_its_json(tmp_path)
 
 
 def test_gpu_check_ends_before_its_minutes_counted_from_the_process_start_and_keeps_what_was_done(tmp_path):
-    minutes = 0.5                                  # 30 s, less the margin: the check must cut itself short
+    minutes = 0.75                                 # 45 s, less the margin: the check must cut itself short
     t0 = time.time()
     done = subprocess.run([sys.executable, "bench.py", "--gpu-check", "--check-scale", "tiny", "--minutes",
                            str(minutes), "--out-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
@@ -77,7 +77,7 @@ def test_gpu_check_ends_before_its_minutes_counted_from_the_process_start_and_ke
     assert any(p["status"] == "ok" for p in parts.values()), f"no part finished: {parts}; {done.stderr[-2000:]}"
     assert set(parts) == set(PARTS), f"every part says what happened to it: {sorted(parts)}"
     cut = [name for name, p in parts.items() if p["status"] != "ok"]
-    assert cut, "30 s should not fit the whole check: the deadline was not tested"
+    assert cut, "45 s should not fit the whole check: the deadline was not tested"
     assert (tmp_path / "summary.md").is_file()
 
 
