@@ -331,6 +331,9 @@ def check(args, config_kw, entry, objective):
                          f"cut, to 2..{task.max_len} tokens (ListOps answers need the whole "
                          f"expression; pixel tasks have a fixed length)")
     # a typo must not silently generate data there
+    if Path(args.data_dir).is_file():
+        raise ValueError(f"--data-dir {args.data_dir} is a file, not a folder: pass the folder "
+                         f"that holds the task's files")
     if args.data_dir != "data" and not Path(args.data_dir).is_dir():
         raise ValueError(f"--data-dir {args.data_dir}: no such folder (synthetic tasks are "
                          f"generated only into an existing folder or the default ./data)")

@@ -422,6 +422,8 @@ def main(argv=None):
     for folder in folders or [here / STUDIES[0]]:
         if not folder.is_dir():
             p.error(f"--runs {folder}: no such folder (it should hold train.py run folders)")
+        if args.runs and not any((f / "config.json").is_file() for f in folder.iterdir()):
+            p.error(f"--runs {folder}: no run folders in it (each has a config.json): pass a study folder")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         p.error(f"--out {out} is a file, not a folder: pass the folder for summary.md and the plots")

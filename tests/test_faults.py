@@ -298,6 +298,7 @@ def tool_main(script):
     ("presets.py", ["--out", "results"], "--out results is a folder"),
     ("presets.py", ["--nope"], "unrecognized arguments"),
     ("results/summarize.py", ["--runs", "no/such/folder"], "no/such/folder"),
+    ("results/summarize.py", ["--runs", "docs"], "--runs docs: no run folders in it"),
     ("results/summarize.py", ["--out", "README.md"], "--out README.md is a file"),
     ("results/kernels.py", ["no/such/folder"], "no/such/folder"),
     ("results/kernels.py", ["results/study", "--length", "0"], "--length 0"),

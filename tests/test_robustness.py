@@ -284,6 +284,12 @@ def test_missing_data_folder_exits_with_status_2_naming_it(tmp_path, capsys):
                          "--generate", "0"], capsys, "none")
 
 
+def test_a_data_dir_that_is_a_file_is_named_as_a_file(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("not a folder")
+    exits_with_one_line(["--task", "listops", "--data-dir", str(tmp_path / "a_file"), "--out", str(tmp_path), *TINY],
+                        capsys, "is a file, not a folder")
+
+
 def test_mistyped_data_dir_of_a_synthetic_task_exits_instead_of_generating_there(tmp_path, capsys):
     exits_with_one_line(["--task", "pathfinder", "--data-dir", str(tmp_path / "pathfinder_rf"), "--out", str(tmp_path),
                          *TINY], capsys, "pathfinder_rf")
