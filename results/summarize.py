@@ -312,7 +312,7 @@ def control_section(runs, out, plt, study):
     some = runs[0]
     spt = next((r for r in runs if r["kind"] == "SPT"), some)
     setting = (f"{some['task']} · {some['base']} · {some['n_train']:,} training examples · fine-tuning "
-               f"{spt['ft_steps']:,} steps (TFS-long: {spt['spt_steps'] + spt['ft_steps']:,}) · SPT {spt['spt']}")
+               f"{spt['ft_steps']:,} steps (TFS-long: {spt['spt_steps'] + spt['ft_steps']:,}) · {spt['spt']}")
     lines = [f"## SPT vs training from scratch, and from scratch for as long (`{study}/`)", "", setting, "",
              "Test accuracy %, mean [95 % t interval over seeds] (n = seeds). TFS-long trains from scratch for as "
              "many steps as the SPT run's pre-training and fine-tuning together, with the same schedule and the "
