@@ -58,7 +58,7 @@ class Clean(NamedTuple):
 
 
 # ---- the objectives: (clean batch, the run's settings, generator, progress in [0, 1]) -> Batch ---
-# train.py's OBJECTIVES declares each one with its flags; each reads its own flags from `args`.
+# objectives.py's OBJECTIVES declares each one with its flags; each reads its own flags from `args`.
 # `gen` draws every random number on the device, for the whole global batch, so DDP processes mask
 # as one process would. `progress` (step / steps of the phase) lets an objective follow a schedule;
 # these four keep theirs constant.

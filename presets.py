@@ -8,11 +8,13 @@ paper: model sizes and learning rates of Amos, Berant & Gupta (ICLR 2024): Table
        source of every value; `python presets.py` prints them all (results/paper_presets.md).
 tiny / small: CPU-sized runs of the real tasks (no toy task), our own choice (cpu_values).
 Explicit command-line flags always win over a preset (apply, one merge); check
-holds the checks that involve several flags (each flag's own range is checked where train.py
-declares it).
+holds the checks that involve several flags; each flag's own range is checked by its argparse type
+(at_least, in_range), given where the flag is declared (train.parse_flags, objectives.OBJECTIVES).
 """
+import argparse
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -241,6 +243,42 @@ def model_config(Config, task, values, causal=False):
     return Config(**{k: v for k, v in kw.items() if k in fields})
 
 
+# ---- one flag's own range: the argparse types of train.parse_flags and objectives.OBJECTIVES ---
+
+def flag_message(message):
+    """argparse's "argument --lr: 0.0 must be > 0" as "--lr 0.0 must be > 0"."""
+    return re.sub(r"^argument ([-\w/]+): ", r"\1 ", message)
+
+
+def number(kind, ok, rule):
+    """An argparse type: text -> kind, checked by ok(value), else the one-line "<value> <rule>"."""
+    def check(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}")
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"{value:g} {rule}")
+        return value
+    return check
+
+
+def at_least(low):
+    """An argparse type: an integer ≥ low."""
+    return number(int, lambda v: v >= low, f"must be at least {low}")
+
+
+def in_range(low, high, open_low=False, open_high=False):
+    """An argparse type: a number in [low, high], ( or ) where open."""
+    ok = lambda v: ((low < v if open_low else low <= v)  # noqa: E731
+                    and (v < high if open_high else v <= high))
+    return number(float, ok, f"must be in {'(' if open_low else '['}{low:g}, {high:g}"
+                  f"{')' if open_high else ']'}" if high != float("inf")
+                  else f"must be {'>' if open_low else '>='} {low:g}")
+
+
+
 # ---- one merge of preset and flags; the checks of several flags at once --------------------------
 
 def preset_values(preset, name, entry, task, spt):
@@ -311,8 +349,8 @@ def apply(args, entry):
 def check(args, config_kw, entry, objective):
     """The checks that involve several flags (or a flag and the disk), after the presets are
     applied; returns the backbone config (entry: the model's models.MODELS entry, objective: the
-    --objective's OBJECTIVES entry). Raises ValueError with one line naming the flags (train.py
-    prints it and exits with status 2)."""
+    --objective's objectives.OBJECTIVES entry). Raises ValueError with one line naming the flags
+    (train.py prints it and exits with status 2)."""
     task = lra_data.TASKS[args.task]
     if args.spt and (why := objective.refuse(args)):
         raise ValueError(why)
@@ -348,22 +386,6 @@ def check(args, config_kw, entry, objective):
     except ValueError as e:
         raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, "
                          f"--dropout, --gen-width, --gen-layers or the preset)") from None
-
-
-# ---- the objectives' own checks (train.OBJECTIVES' `refuse`)
-
-def needs_causal(args):
-    """--objective causal needs a causal model."""
-    return None if args.causal else ("--objective causal trains next-token prediction, which a "
-                                     "bidirectional model solves by looking ahead: add --causal")
-
-
-def not_on_image(args):
-    """--objective rtd samples replacements: none for Image's L1 targets."""
-    return None if args.task != "image" else ("--objective rtd samples replacements from a "
-                                              "distribution, and Image's L1 targets have none: "
-                                              "use masked or span")
-
 
 
 # ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------

@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -39,46 +38,13 @@ def rank():
     return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
 
 
-# ---- messages, flags -----------------------------------------------------------------------------
+# ---- messages, writes that can fail -----------------------------------------------------------------------------
 
 def fail(message):
     """Bad input: one line on stderr (rank 0 only, under torchrun), exit status 2, no traceback."""
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"train.py: error: {message}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def flag_message(message):
-    """argparse's "argument --lr: 0.0 must be > 0" as "--lr 0.0 must be > 0"."""
-    return re.sub(r"^argument ([-\w/]+): ", r"\1 ", message)
-
-
-def number(kind, ok, rule):
-    """An argparse type: text -> kind, checked by ok(value), else the one-line "<value> <rule>"."""
-    def check(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not {'an integer' if kind is int else 'a number'}")
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"{value:g} {rule}")
-        return value
-    return check
-
-
-def at_least(low):
-    """An argparse type: an integer ≥ low."""
-    return number(int, lambda v: v >= low, f"must be at least {low}")
-
-
-def in_range(low, high, open_low=False, open_high=False):
-    """An argparse type: a number in [low, high], ( or ) where open."""
-    ok = lambda v: ((low < v if open_low else low <= v)  # noqa: E731
-                    and (v < high if open_high else v <= high))
-    return number(float, ok, f"must be in {'(' if open_low else '['}{low:g}, {high:g}"
-                  f"{')' if open_high else ']'}" if high != float("inf")
-                  else f"must be {'>' if open_low else '>='} {low:g}")
 
 
 def free_space(path):
@@ -300,18 +266,18 @@ def absolute_paths(args):
             setattr(args, key, str(Path(getattr(args, key)).resolve()))
 
 
-def log_evaluation(folder, phase, epoch, step, lr, metrics):
-    """One evaluation's line (log.txt) and record (log.jsonl). metrics: {"train": metrics since the
-    last evaluation, "val": validation metrics, "improved": bool, "seconds": phase time so far}."""
+def evaluation_log(phase, epoch, step, lr, metrics):
+    """One evaluation's (line for log.txt, record for log.jsonl). metrics: {"train": metrics since
+    the last evaluation, "val": validation metrics, "improved": bool, "seconds": phase time so far}."""
     train, val = metrics["train"], metrics["val"]
     metric = "r2" if "r2" in val else "acc"
-    log(folder, f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | "
-        f"train_loss {train['loss']:.4f} {metric} {train[metric]:.4f} | val_loss {val['loss']:.4f} "
-        f"val_{metric} {val[metric]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | "
-        f"{metrics['seconds']:.0f} s",
-        {"phase": phase.name, "epoch": epoch, "step": step,
-         **{f"train_{k}": v for k, v in train.items()},
-         **{f"val_{k}": v for k, v in val.items()}, "lr": lr, "elapsed_s": metrics["seconds"]})
+    return (f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | "
+            f"train_loss {train['loss']:.4f} {metric} {train[metric]:.4f} | val_loss {val['loss']:.4f} "
+            f"val_{metric} {val[metric]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | "
+            f"{metrics['seconds']:.0f} s",
+            {"phase": phase.name, "epoch": epoch, "step": step,
+             **{f"train_{k}": v for k, v in train.items()},
+             **{f"val_{k}": v for k, v in val.items()}, "lr": lr, "elapsed_s": metrics["seconds"]})
 
 
 def write_predictions(folder, split, predicted):
@@ -353,15 +319,25 @@ def save_checkpoint(path, state):
     write_whole(path, lambda tmp: torch.save(state, tmp))
 
 
-def save_phase_checkpoints(folder, best_file, state):
+def save_evaluation(folder, best_file, state):
     """After an evaluation (rank 0): the best checkpoint when it improved (best_file, else None),
-    then last.pt, written last so that a resume never misses a best."""
+    then last.pt, so that a resume never misses a best, then the evaluation's log line and record,
+    state["log"], which last.pt carries: a stop between the two loses nothing (catch_up_log)."""
     if rank() > 0:
         return
-    with stopping_at(f"{state['phase']} epoch {state['epoch']}, writing checkpoints"):
+    with stopping_at(f"{state['phase']} epoch {state['epoch']}, writing checkpoints and log"):
         if best_file:
             save_checkpoint(folder / best_file, state)
         save_checkpoint(folder / "last.pt", state)
+        log(folder, *state["log"])
+
+
+def catch_up_log(folder, ck):
+    """On resume (rank 0): log the evaluation that last.pt `ck` carries if log.jsonl lacks it."""
+    path = folder / "log.jsonl"
+    logged = path.read_text().splitlines() if path.is_file() else []
+    if rank() == 0 and "log" in ck and json.dumps(ck["log"][1]) not in logged:
+        log(folder, *ck["log"])
 
 
 def read_checkpoint(path, device="cpu"):

@@ -7,8 +7,9 @@ phase 2:         the same backbone + a fresh pooled classifier learn the labels;
     python train.py --model dlr --task pathx --spt                       # paper preset on a GPU
     python train.py --resume runs/<run folder>                           # continue a stopped run
     torchrun --nproc_per_node=4 train.py --model s4 --task pathx --spt   # DDP, global --batch-size
-Reading order: the knobs (OBJECTIVES, parse_flags: each flag once, with its range; MODELS is in
-models.py), one phase (run_phase, train_epoch), the method (run_both_phases), main() by steps.
+Reading order: the flags (parse_flags: each flag once, with its range; MODELS is in models.py,
+OBJECTIVES in objectives.py), one phase (run_phase, train_epoch), the method (run_both_phases),
+main() by steps.
 Check: tests/test_train.py, test_robustness.py, test_faults.py, test_fork.py (docs/fork.md).
 """
 import argparse
@@ -31,50 +32,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 import denoise  # noqa: E402
 import heads  # noqa: E402
 import lra_data  # noqa: E402
+import objectives  # noqa: E402
 import presets  # noqa: E402
 import runs  # noqa: E402
 import steps  # noqa: E402
 from models import MODELS, Model, build_model, load_model, model_config, preset_values  # noqa
-from runs import at_least, fail, in_range, log  # noqa: E402
-
-
-# ---- the self pre-training objectives: one entry each, with their own flags -----------------
-
-class Flag(NamedTuple):
-    default: object
-    type: Callable | None       # argparse type: parses, checks the range (one line if it is not)
-    help: str
-    action: object = None       # e.g. argparse.BooleanOptionalAction (type is then None)
-
-
-class Objective(NamedTuple):
-    prepare: Callable           # (denoise.Clean, args, gen, progress 0..1) -> denoise.Batch
-    flags: dict                 # its own flags, name -> Flag; results.json records their values
-    doc: str                    # one line, for --help and the start-up lines
-    head: str = "denoise"       # "denoise": per-position head; "rtd": ELECTRA's two models
-    refuse: Callable = lambda args: None     # args -> why this run cannot use it, or None
-
-
-MASK_RATIO = Flag(None, in_range(0, 1, open_low=True, open_high=True),
-                  "share of positions masked (default: the task's; text 0.15, pixels 0.5)")
-OBJECTIVES = {
-    "masked": Objective(denoise.masked, {"mask_ratio": MASK_RATIO},
-                        "masked denoising, the paper's"),
-    "span": Objective(denoise.span, {"mask_ratio": MASK_RATIO, "span_mean": Flag(
-        3.0, in_range(1, 10), "mean span length (geometric, at most 10)")},
-        "span masking (SpanBERT)"),
-    "causal": Objective(denoise.causal, {}, "next token (causal LM), with --causal",
-                        refuse=presets.needs_causal),
-    "rtd": Objective(denoise.rtd, {
-        "mask_ratio": MASK_RATIO,
-        "gen_width": Flag(None, at_least(1), "the generator's width (default: d_model / 4)"),
-        "gen_layers": Flag(1, at_least(1), "the generator's layers"),
-        "rtd_weight": Flag(denoise.RTD_WEIGHT, in_range(0, math.inf, open_low=True),
-                           "λ in L_gen + λ·L_disc"),
-        "gdes": Flag(True, None, "discriminator reads sg(E) + its own part (DeBERTaV3); "
-                     "--no-gdes: E (ELECTRA)", argparse.BooleanOptionalAction)},
-        "replaced-token detection (ELECTRA)", head="rtd", refuse=presets.not_on_image),
-}
+from objectives import OBJECTIVES  # noqa: E402
+from presets import at_least, in_range  # noqa: E402
+from runs import fail, log  # noqa: E402
 
 
 # ---- every flag, once ------------------------------------------------------------------------
@@ -135,7 +100,7 @@ def parse_flags(argv):
     flag("--out", default="runs", help="parent folder of the run folder")
     flag("--init-from", default=None, help="fine-tune this checkpoint's backbone (an spt.pt)")
     flag("--resume", default=None, help="continue the stopped run in this folder")
-    p.error = lambda message: fail(f"{runs.flag_message(message)} (python train.py --help lists "
+    p.error = lambda message: fail(f"{presets.flag_message(message)} (python train.py --help lists "
                                    f"the flags)")
     args = p.parse_args(argv)
     return args, {k for k, v in vars(args).items() if v != p.get_default(k)}, vars(p.parse_args([]))
@@ -173,6 +138,7 @@ def run_phase(phase, model, run, splits, resume=None):
     done, before = 0, 0.0
     if resume is not None:
         state.restore(resume)
+        runs.catch_up_log(run.folder, resume)              # a stop came between last.pt and log
         best, done, before = resume["best"], resume["epoch"], resume["seconds"]
     batches = steps.loader(splits["train"], phase.batch_size, args, run.device,
                            order=state.gens["order"])
@@ -195,13 +161,12 @@ def run_phase(phase, model, run, splits, resume=None):
             best = {"name": f"val_{phase.select}", "value": val[phase.select], "epoch": epoch,
                     "val": val}
         seconds = before + time.time() - start
-        saved = {**run.meta, **state.saved(), "phase": phase.name, "epoch": epoch, "best": best,
-                 "seconds": seconds}
-        runs.save_phase_checkpoints(run.folder, phase.best_file if improved else None, saved)
         metrics = dict(train=heads.metrics(steps.all_sum(since_eval)), val=val, improved=improved,
                        seconds=seconds)
-        runs.log_evaluation(run.folder, phase, epoch, state.step, state.opt.param_groups[0]["lr"],
-                            metrics)
+        line = runs.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"], metrics)
+        saved = {**run.meta, **state.saved(), "phase": phase.name, "epoch": epoch, "best": best,
+                 "seconds": seconds, "log": line}
+        runs.save_evaluation(run.folder, phase.best_file if improved else None, saved)
         since_eval = {}
     if world > 1:
         dist.barrier()                                      # the others read spt.pt / best.pt next
@@ -260,29 +225,13 @@ def evaluate(model, prepare, loader, seed, amp, predictions=None):
 
 # ---- the method: pre-train, fine-tune, test ----------------------------------------------------
 
-def spt_batch(batch, gen, progress, args, device):
-    """A collated batch -> the objective's Batch: the task's clean tensors, then the corruption."""
-    clean = heads.clean_batch(batch, args.task, device)
-    return OBJECTIVES[args.objective].prepare(clean, args, gen, progress)
-
-
-def spt_head(args, cfg):
-    """The checkpoint's description of the SPT model: a denoising head, or ELECTRA's generator (the
-    same family at --gen-width × --gen-layers) and discriminator."""
-    if OBJECTIVES[args.objective].head != "rtd":
-        return dict(kind="denoise", n_out=heads.n_outputs(args.task))
-    gen_cfg = dataclasses.replace(cfg, d_model=args.gen_width, n_layers=args.gen_layers)
-    return dict(kind="rtd", n_out=heads.n_outputs(args.task),
-                gen_config=dataclasses.asdict(gen_cfg), gdes=args.gdes)
-
-
 def pretrain(run, cfg, splits, resume):
     """Phase 1: a fresh backbone + denoising head (rtd: + a small generator) on the training
     inputs; the best one by the objective's own validation loss is saved as spt.pt."""
     args = run.args
     torch.manual_seed(args.seed)
-    spt = run.with_meta(head=spt_head(args, cfg))
-    prepare = partial(spt_batch, args=args, device=run.device)
+    spt = run.with_meta(head=objectives.spt_head(args, cfg))
+    prepare = partial(objectives.spt_batch, args=args, device=run.device)
     phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size,
                   args.pretrain_accum_steps, "spt.pt", "loss", prepare)
     return run_phase(phase, build_model(spt.meta).to(run.device), spt, splits, resume)

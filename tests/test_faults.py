@@ -177,6 +177,25 @@ def test_sigterm_during_spt_prints_the_resume_command_and_it_works(data_dir, tmp
     assert len(epochs) >= 3 and epochs == list(range(1, len(epochs) + 1)), f"the resumed run's epochs: {epochs}"
 
 
+def test_a_stop_between_last_pt_and_its_log_record_loses_no_record(data_dir, tmp_path, monkeypatch):
+    flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3", "--epochs", "1"]
+    log = runs.log
+    def stop_after_checkpoint(folder, line, record=None):            # SPT epoch 2: last.pt written, no record
+        if record and record.get("phase") == "spt" and record["epoch"] == 2:
+            raise KeyboardInterrupt
+        log(folder, line, record)
+    monkeypatch.setattr(runs, "log", stop_after_checkpoint)
+    with pytest.raises(SystemExit):
+        run(data_dir, tmp_path, *flags)
+    monkeypatch.setattr(runs, "log", log)
+    (folder,) = tmp_path.iterdir()
+    assert torch.load(folder / "last.pt", weights_only=True)["epoch"] == 2
+    train.main(["--resume", str(folder)])
+    epochs = [r["epoch"] for r in records(folder) if r.get("phase") == "spt"]
+    evals = [line for line in (folder / "log.txt").read_text().splitlines() if line.startswith("eval spt")]
+    assert epochs == [1, 2, 3] and len(evals) == 3, f"SPT records {epochs}, log.txt: {evals}"
+
+
 def test_a_stale_build_folder_of_a_dead_process_is_removed_and_a_live_ones_kept(tmp_path):
     generate_pathfinder(tmp_path, res=32, n=20, contour_length=14)
     ds = lra_data.load("pathfinder", "train", tmp_path, cache_dir=tmp_path / "c")

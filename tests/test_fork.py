@@ -13,6 +13,7 @@ import torch.nn as nn
 
 import denoise
 import models
+import objectives
 import presets
 import train
 from conftest import records, run
@@ -118,22 +119,22 @@ def bert(clean, args, gen, progress):
     return denoise.Batch(x, clean.padded, clean.target, mask.float())
 
 
-BERT = train.Objective(bert, {"mask_ratio": train.MASK_RATIO,
-                              "bert_mask": train.Flag(0.8, train.in_range(0, 1), "share of masked that read <mask>"),
-                              "bert_random": train.Flag(0.1, train.in_range(0, 1), "share read a random token")},
+BERT = objectives.Objective(bert, {"mask_ratio": objectives.MASK_RATIO,
+                              "bert_mask": objectives.Flag(0.8, objectives.in_range(0, 1), "share of masked that read <mask>"),
+                              "bert_random": objectives.Flag(0.1, objectives.in_range(0, 1), "share read a random token")},
                        "BERT's 80/10/10 masking", refuse=lambda args: "bert: tokens only"
                        if args.task in ("image", "pathfinder", "pathx", "pathx256") else None)
 
 
 def test_an_objective_added_as_one_entry_pre_trains_records_its_flags_and_corrupts_as_declared(data_dir, tmp_path,
                                                                                             monkeypatch):
-    monkeypatch.setitem(train.OBJECTIVES, "bert", BERT)
+    monkeypatch.setitem(objectives.OBJECTIVES, "bert", BERT)
     seen, prepare = [], bert
     def spy(clean, args, gen, progress):
         b = prepare(clean, args, gen, progress)
         seen.append(((b.x == clean.mask_id) & b.weight.bool()).sum() / b.weight.sum())
         return b
-    monkeypatch.setitem(train.OBJECTIVES, "bert", BERT._replace(prepare=spy))
+    monkeypatch.setitem(objectives.OBJECTIVES, "bert", BERT._replace(prepare=spy))
     results, folder = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--objective", "bert",
                           "--bert-random", "0.2", "--pretrain-epochs", "3", "--epochs", "1")
     assert results["spt_objective"] == dict(objective="bert", mask_ratio=0.1, bert_mask=0.8, bert_random=0.2)
@@ -143,7 +144,7 @@ def test_an_objective_added_as_one_entry_pre_trains_records_its_flags_and_corrup
 
 
 def test_an_added_objectives_own_flags_are_checked_and_ignored_without_spt(data_dir, tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(train.OBJECTIVES, "bert", BERT)
+    monkeypatch.setitem(objectives.OBJECTIVES, "bert", BERT)
     with pytest.raises(SystemExit) as e:
         train.main(["--objective", "bert", "--spt", "--bert-mask", "1.5", "--data-dir", str(data_dir)])
     assert e.value.code == 2 and "--bert-mask 1.5 must be in [0, 1]" in capsys.readouterr().err
@@ -159,8 +160,8 @@ def ramped(clean, args, gen, progress):
 
 def test_a_knob_added_to_an_objective_reaches_its_tensor_and_follows_the_training_progress(data_dir, tmp_path,
                                                                                           monkeypatch):
-    flags = {**train.OBJECTIVES["masked"].flags, "mask_ramp": train.Flag(0.0, train.in_range(0, 1), "ramp share")}
-    monkeypatch.setitem(train.OBJECTIVES, "masked", train.OBJECTIVES["masked"]._replace(prepare=ramped, flags=flags))
+    flags = {**objectives.OBJECTIVES["masked"].flags, "mask_ramp": objectives.Flag(0.0, objectives.in_range(0, 1), "ramp share")}
+    monkeypatch.setitem(objectives.OBJECTIVES, "masked", objectives.OBJECTIVES["masked"]._replace(prepare=ramped, flags=flags))
     ratios, sample = [], denoise.sample_mask
     monkeypatch.setattr(denoise, "sample_mask", lambda lengths, L, ratio, gen: ratios.append(ratio) or
                         sample(lengths, L, ratio, gen))

@@ -48,6 +48,7 @@ def test_each_concept_file_imports_only_what_its_concept_needs():
     assert GRAPH["s4"] == {"ssm"} and GRAPH["dlr"] == {"ssm"}, "a kernel needs only the shared SSM block"
     assert GRAPH["heads"] == {"denoise", "lra_data"}, GRAPH["heads"]
     assert GRAPH["runs"] == set(), "run plumbing knows no model, task or objective"
+    assert GRAPH["objectives"] == {"denoise", "heads", "presets"}, GRAPH["objectives"]
     for generator in ("lra.listops", "lra.pathfinder"):                 # generators never import each other
         assert GRAPH[generator] == {"lra.files"}, (generator, GRAPH[generator])
     models = {"transformer", "s4", "dlr"}
@@ -61,7 +62,7 @@ def test_the_readme_reading_order_never_uses_a_file_before_it_is_read():
     items = "\n".join(re.findall(r"^\d+\. .*(?:\n   .*)*", section, flags=re.M))     # the numbered list
     order = list(dict.fromkeys(re.findall(r"`(\w+)\.py`", items)))
     assert {"ssm", "s4", "dlr", "transformer", "denoise", "lra_data", "heads", "runs", "steps", "presets", "models",
-            "train"} <= set(order), order
+            "objectives", "train"} <= set(order), order
     for i, name in enumerate(order):
         needed = {dep for dep in GRAPH[name] if not dep.startswith(("lra.", "tools.")) and dep != "lra"}
         unread = needed - set(order[:i])
