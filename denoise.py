@@ -262,33 +262,34 @@ class ReplacedTokenDetection(nn.Module):
     reads the result and tells, at every real position, replaced (1) from original (0):
     L_gen = mean_{t ∈ M} CE(G(x_masked)_t, x_t),
     L_disc = mean_{t real} BCE(D(x̃)_t, 1[x̃_t ≠ x_t]).
-    tokens=True: ids, n_out = V; one table E (V, D) = the backbone's encoder, shared: gdes=False
-    (ELECTRA) the discriminator reads E itself; gdes=True (DeBERTaV3) it reads sg(E) + E_Δ.
-    exclude_ids: ids never sampled (e.g. PAD and MASK, so x̃ holds no mask id). tokens=False: grey
-    levels, n_out = 256, no sharing (each keeps its Linear(2, width)); `levels` (256,) float = the
-    normalised value of each level, exactly as the fine-tuned model reads it; the discriminator
-    reads [levels[x̃], 0] (B, L, 2), the fine-tuning input shape.
+    levels None, tokens: ids, n_out = V; one table E (V, D) = the backbone's encoder, shared:
+    gdes=False (ELECTRA) the discriminator reads E itself; gdes=True (DeBERTaV3) it reads
+    sg(E) + E_Δ. exclude_ids: ids never sampled (e.g. PAD and MASK, so x̃ holds no mask id).
+    levels (n_out,) float, pixels: the normalised value of each grey level (n_out = 256), exactly
+    as the fine-tuned model reads it; no sharing (each keeps its Linear(2, width)); the
+    discriminator reads [levels[x̃], 0] (B, L, 2), the fine-tuning input shape.
     forward(x_masked, lengths, original, mask, u)
     -> (gen_logits (B, L, n_out), disc_logits (B, L), labels (B, L) float)
     with x_masked = mask_input(x, mask, mask_id) ((B, L) long or (B, L, 2) float), lengths (B,)
     long or None (no pads), original (B, L) long (ids or levels 0..255), mask (B, L) bool,
     u (B, L) float uniform [0, 1). Losses: rtd_losses."""
 
-    def __init__(self, backbone, generator, d_model, d_gen, n_out, tokens, gdes=True, levels=None,
-                 exclude_ids=()):
+    def __init__(self, backbone, generator, d_model, d_gen, gdes=True, levels=None, exclude_ids=()):
         super().__init__()
-        assert n_out > 1, (
-            "RTD samples from a distribution over n_out > 1 classes (Image's L1 values have none)")
+        tokens = levels is None
         if tokens:
             table = backbone.encoder                 # E: (V, D), the discriminator's own init
-            assert isinstance(table, nn.Embedding) and table.weight.shape == (n_out, d_model), (
+            assert isinstance(table, nn.Embedding) and table.weight.shape[1] == d_model, (
                 "need Embedding(V, D)")
+            n_out = table.num_embeddings             # V
             generator.encoder = ProjectedEmbedding(table, d_gen)
             if gdes:
                 backbone.encoder = GDESEmbedding(table)
         else:
-            assert levels is not None and levels.shape == (n_out,) and levels.is_floating_point(), (
-                "levels: (256,) float")
+            assert levels.dim() == 1 and levels.is_floating_point(), "levels: (256,) float"
+            n_out = len(levels)                      # 256 grey levels
+        assert n_out > 1, (
+            "RTD samples from a distribution over n_out > 1 classes (Image's L1 values have none)")
         self.backbone, self.generator, self.tokens = backbone, generator, tokens
         self.gen_head = nn.Linear(d_gen, n_out)
         self.disc_head = nn.Linear(d_model, 1)

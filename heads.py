@@ -125,8 +125,8 @@ def build_model(ck, entry):
                   else clean_input(torch.arange(256, dtype=torch.uint8)[None], ck["task"])[0][0])
         widths = ck["config"]["d_model"], head["gen_config"]["d_model"]
         exclude = (lra_data.PAD, lra_data.MASK) if tokens else ()
-        return denoise.ReplacedTokenDetection(backbone, generator, *widths, head["n_out"], tokens,
-                                              head["gdes"], levels, exclude_ids=exclude)
+        return denoise.ReplacedTokenDetection(backbone, generator, *widths, head["gdes"], levels,
+                                              exclude_ids=exclude)
     return Classifier(backbone, ck["config"]["d_model"], head["n_classes"], head["pool"],
                       head["pair"])
 

@@ -184,22 +184,32 @@ def _split(task, split, sizes, lra_val):
 # ---------------------------------------------------------------- load, CLI
 
 
-def load(task, split, data_dir="data", *, keep=None, data_fraction=1.0, lra_val=False,
-         difficulty="hard", cache_dir=None, generate=None, workers=1, max_len=None):
+@dataclass(frozen=True)
+class Files:
+    """Where a task's files are and how load prepares them (train.py's flags of the same names)."""
+    data_dir: str | Path = "data"       # the files as downloaded; synthetic tasks generated here
+    cache_dir: str | Path | None = None  # the prepared arrays (None: lra/cache.cache_root's rule)
+    difficulty: str = "hard"            # Pathfinder / PathX folder: easy, intermediate, hard
+    generate: int | None = None         # make this many examples of a synthetic task if absent
+    workers: int = 1                    # generator processes
+    max_len: int | None = None          # text, retrieval: cut each document at read time (>= 2)
+
+
+def load(task, split, files="data", *, keep=None, data_fraction=1.0, lra_val=False):
     """LRADataset of (x, label) for one split of an LRA task, read through the cache (built on
     first use). x: (L,) int64 token ids ending in EOS, (2, L) for retrieval, or (side²,) uint8
-    pixels; label int.
+    pixels; label int. files: a Files, or a data folder (Files(data_dir), the rest default).
 
     keep=N (None or 0: all) and data_fraction=f (train only) keep a prefix of one fixed
     permutation of the split (seed 0): the first round(f·n) examples, then at most N of them, in
     their original order, so smaller subsets nest in larger ones (train.py: --data-fraction and
     --max-train on train, --max-eval on val and test). lra_val (text, image): validate on the test
     set and train on all of train, as LRA did; the other tasks have their own validation split.
-    difficulty picks the Pathfinder/PathX folder. generate=N makes N examples of a synthetic task
-    when its files are missing, only into an absent or empty folder (or one our generator made,
-    which it completes if a run was stopped half way); nothing is ever overwritten.
-    max_len (text, retrieval; >= 2) cuts each document to its first max_len - 1 bytes + EOS,
-    below LRA's 4096/4000, for CPU-sized runs. ListOps cannot be cut (the answer needs the whole
+    files.difficulty picks the Pathfinder/PathX folder. files.generate=N makes N examples of a
+    synthetic task when its files are missing, only into an absent or empty folder (or one our
+    generator made, which it completes if a run was stopped half way); nothing is ever
+    overwritten. files.max_len (text, retrieval; >= 2) cuts each document to its first
+    max_len - 1 bytes + EOS, below LRA's 4096/4000, for CPU-sized runs. ListOps cannot be cut (the answer needs the whole
     expression): generate shorter ones instead.
     The cache is rebuilt when any source file read changes its size or mtime (every TSV, review,
     batch file, archive, metadata file and listed PNG is stat'ed; contents are not hashed).
@@ -209,6 +219,8 @@ def load(task, split, data_dir="data", *, keep=None, data_fraction=1.0, lra_val=
     Raises DataError (one line) for bad arguments, missing, ambiguous, half-made or malformed
     files, folders it will not write into, and a disk too full for the cache.
     """
+    files = files if isinstance(files, Files) else Files(files)
+    max_len, difficulty, generate = files.max_len, files.difficulty, files.generate
     if task not in TASKS:
         raise DataError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if max_len is not None and (task not in ("text", "retrieval") or max_len < 2):
@@ -221,14 +233,14 @@ def load(task, split, data_dir="data", *, keep=None, data_fraction=1.0, lra_val=
                         f"difficulty={difficulty!r} "
                         f"({'/'.join(DIFFICULTIES)}), data_fraction={data_fraction} (0 < f <= 1), "
                         f"generate={generate} (>= 10)")
-    data_dir = Path(data_dir)
-    src, source, files, build = sources.locate(task, TASKS[task], data_dir, difficulty, generate,
-                                               workers)
+    data_dir = Path(files.data_dir)
+    src, source, paths, build = sources.locate(task, TASKS[task], data_dir, difficulty, generate,
+                                               files.workers)
     name = f"{task}-{difficulty}" if task in PATHFINDER_TASKS else task
-    store = cache_root(data_dir, cache_dir) / (
+    store = cache_root(data_dir, files.cache_dir) / (
         f"{name}-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:10]}")
-    need = len(files) * TASKS[task].max_len if task in PATHFINDER_TASKS else None  # PathX: 3.3 GB
-    sizes, notes = lra_cache.cached(store, src.resolve(), lra_cache.stamp(src, files), build, need)
+    need = len(paths) * TASKS[task].max_len if task in PATHFINDER_TASKS else None  # PathX: 3.3 GB
+    sizes, notes = lra_cache.cached(store, src.resolve(), lra_cache.stamp(src, paths), build, need)
     notes = notes + sources.count_note(task, src, sizes, generate, difficulty)
     part, index = _split(task, split, sizes, lra_val)
     if len(index) == 0:
@@ -269,10 +281,9 @@ def load_splits(args):
     digest = hashlib.sha1(str(Path(args.data_dir).resolve()).encode()).hexdigest()[:12]
     # the other processes wait here
     with file_lock(Path(tempfile.gettempdir()) / f"lra-prepare-{digest}.lock"):
-        return {split: load(args.task, split, args.data_dir, generate=args.generate or None,
-                            lra_val=args.lra_val, difficulty=args.difficulty,
-                            cache_dir=args.cache_dir, workers=os.cpu_count() or 1,
-                            max_len=args.max_len,
+        files = Files(args.data_dir, args.cache_dir, args.difficulty, args.generate or None,
+                      workers=os.cpu_count() or 1, max_len=args.max_len)
+        return {split: load(args.task, split, files, lra_val=args.lra_val,
                             keep=args.max_train if split == "train" else args.max_eval,
                             data_fraction=args.data_fraction)
                 for split in ("train", "val", "test")}
@@ -330,11 +341,10 @@ def main(argv=None):
               f"on {os.cpu_count()} CPUs")
         return 0
     runs.stop_on_sigterm()                      # the run plumbing's: a SIGTERM is a Ctrl-C
+    files = Files(args.data_dir, args.cache_dir, args.difficulty, args.generate, args.workers)
     try:
         for split in ("train", "val", "test"):
-            ds = load(args.task, split, args.data_dir, lra_val=args.lra_val,
-                      difficulty=args.difficulty, cache_dir=args.cache_dir, generate=args.generate,
-                      workers=args.workers)
+            ds = load(args.task, split, files, lra_val=args.lra_val)
             if split == "train":
                 print(f"source: {ds.source}\ncache:  {ds.store}")
                 print("".join(f"note: {note}\n" for note in ds.notes), end="")

@@ -20,6 +20,7 @@ LISTOPS_SYMBOLS = [str(d) for d in range(10)] + ["[MIN", "[MAX", "[MED", "[SM", 
 LISTOPS_ID = {s: N_SPECIAL + i for i, s in enumerate(LISTOPS_SYMBOLS)}     # "0" -> 4 ... "]" -> 18
 LISTOPS_OPS = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(statistics.median(a)), "[SM": lambda a: sum(a) % 10}
 LISTOPS_OP_NAMES = tuple(LISTOPS_OPS)
+MAX_DEPTH, MAX_ARGS = 10, 10          # LRA's trees: at most 10 deep, 2..10 arguments per operator
 
 
 def listops_tokens(expr):
@@ -51,20 +52,20 @@ def evaluate_listops(expr):
 
 # ----------------------------------------------------------------------------- LRA's generator
 
-def _listops_tree(rng, depth, max_depth, max_args):
+def _listops_tree(rng, depth):
     """One LRA ListOps tree -> (string with parentheses, value, length = operators + digits + `]`)."""
-    if depth >= max_depth or rng.random() > 0.25:            # a digit leaf with prob. 0.75, always at max_depth
+    if depth >= MAX_DEPTH or rng.random() > 0.25:            # a digit leaf with prob. 0.75, always at max_depth
         v = rng.randrange(10)
         return str(v), v, 1
     op = rng.choice(LISTOPS_OP_NAMES)
-    kids = [_listops_tree(rng, depth + 1, max_depth, max_args) for _ in range(rng.randint(2, max_args))]
+    kids = [_listops_tree(rng, depth + 1) for _ in range(rng.randint(2, MAX_ARGS))]
     # LRA nests ((op, a1), a2) ... then (…, "]"): "( ( ( [MAX 2 ) 9 ) ] )" for [MAX 2 9 ]
     s = "( " * (len(kids) + 1) + op + " " + " ) ".join(k[0] for k in kids) + " ) ] )"
     return s, LISTOPS_OPS[op]([k[1] for k in kids]), 2 + sum(k[2] for k in kids)
 
 
 def generate_listops(root, n_train=96000, n_val=2000, n_test=2000, seed=0, *,
-                     min_length=500, max_length=2000, max_depth=10, max_args=10):
+                     min_length=500, max_length=2000):
     """LRA's ListOps generator: distinct trees with min_length < length < max_length, written as
     root/listops-1000/basic_{train,val,test}.tsv in the release format (header Source\\tTarget); returns that folder.
     Like generate_pathfinder it writes only into an absent, empty or own folder (GENERATED_MARK records every
@@ -76,7 +77,7 @@ def generate_listops(root, n_train=96000, n_val=2000, n_test=2000, seed=0, *,
     folder = Path(root) / "listops-1000"
     check_output_folder(folder)
     params = dict(n_train=n_train, n_val=n_val, n_test=n_test, seed=seed, min_length=min_length,
-                  max_length=max_length, max_depth=max_depth, max_args=max_args)
+                  max_length=max_length, max_depth=MAX_DEPTH, max_args=MAX_ARGS)
     files = {p: folder / f"basic_{p}.tsv" for p in ("train", "val", "test")}
     ours = read_mark(folder) == params                    # a run of these parameters started here: complete it
     if (existing := [f for f in files.values() if f.exists()]) and not ours:
@@ -93,7 +94,7 @@ def generate_listops(root, n_train=96000, n_val=2000, n_test=2000, seed=0, *,
     trees = {}                                                   # dict: dedup, keeps generation order
     with tqdm(total=n, desc="generating ListOps") as bar:
         while len(trees) < n:
-            s, value, length = _listops_tree(rng, 1, max_depth, max_args)
+            s, value, length = _listops_tree(rng, 1)
             if min_length < length < max_length and s not in trees:
                 trees[s] = value
                 bar.update()

@@ -113,7 +113,9 @@ def locate_listops(data_dir, generate):
         if generate != total:
             done = sum(sum(1 for _ in open(f)) - 1 for f in files if f.exists())
             raise half_made("listops", folder, total, done, data_dir, None)
-        return generate_into(listops.generate_listops, folder, folder.parent, **mark), files
+        asked = {k: mark[k] for k in ("n_train", "n_val", "n_test", "seed", "min_length",
+                                      "max_length")}      # the tree rules are LRA's constants
+        return generate_into(listops.generate_listops, folder, folder.parent, **asked), files
     if all(f.exists() for f in files):
         return folder, files
     # never generate next to someone's data

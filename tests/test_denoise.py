@@ -182,15 +182,15 @@ def tiny(width, **kw):
 
 def token_rtd(gdes, seed=0):
     torch.manual_seed(seed)
-    return denoise.ReplacedTokenDetection(tiny(D, vocab_size=V), tiny(D_GEN, vocab_size=V), D, D_GEN, V,
-                                          tokens=True, gdes=gdes, exclude_ids=(0, MASK_ID)).double()
+    return denoise.ReplacedTokenDetection(tiny(D, vocab_size=V), tiny(D_GEN, vocab_size=V), D, D_GEN,
+                                          gdes=gdes, exclude_ids=(0, MASK_ID)).double()
 
 
 def pixel_rtd(seed=0):
     torch.manual_seed(seed)
     levels = torch.arange(256, dtype=torch.float64) / 255 * 2 - 1   # (256,) grey level -> normalised value
-    return denoise.ReplacedTokenDetection(tiny(D, d_input=2), tiny(D_GEN, d_input=2), D, D_GEN, 256,
-                                          tokens=False, levels=levels).double()
+    return denoise.ReplacedTokenDetection(tiny(D, d_input=2), tiny(D_GEN, d_input=2), D, D_GEN,
+                                          levels=levels).double()
 
 
 def token_batch(seed=0, ratio=0.3):
@@ -354,5 +354,5 @@ def test_pixel_discriminator_reads_normalised_levels_with_a_zero_indicator():
 
 def test_rtd_refuses_a_single_output():
     with pytest.raises(AssertionError):
-        denoise.ReplacedTokenDetection(tiny(D, d_input=2), tiny(D_GEN, d_input=2), D, D_GEN, 1, tokens=False,
+        denoise.ReplacedTokenDetection(tiny(D, d_input=2), tiny(D_GEN, d_input=2), D, D_GEN,
                                        levels=torch.zeros(1))

@@ -198,14 +198,14 @@ def test_a_stop_between_last_pt_and_its_log_record_loses_no_record(data_dir, tmp
 
 def test_a_stale_build_folder_of_a_dead_process_is_removed_and_a_live_ones_kept(tmp_path):
     generate_pathfinder(tmp_path, res=32, n=20, contour_length=14)
-    ds = lra_data.load("pathfinder", "train", tmp_path, cache_dir=tmp_path / "c")
+    ds = lra_data.load("pathfinder", "train", lra_data.Files(tmp_path, cache_dir=tmp_path / "c"))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = ds.store.with_name(f"{ds.store.name}.building-{int(dead.stdout)}")
     live = ds.store.with_name(f"{ds.store.name}.building-{os.getppid()}")
     for folder in (stale, live):
         folder.mkdir()
         (folder / "all.x.npy").write_bytes(b"half a cache")
-    lra_data.load("pathfinder", "train", tmp_path, cache_dir=tmp_path / "c")
+    lra_data.load("pathfinder", "train", lra_data.Files(tmp_path, cache_dir=tmp_path / "c"))
     assert not stale.exists() and live.exists(), "leftovers: the dead process's removed, the live one's kept"
 
 
@@ -290,11 +290,11 @@ def test_a_pathfinder_png_is_read_exactly_or_refused_never_clipped(mode, exact, 
     else:
         Image.fromarray(grey).convert(mode).save(png)
     if exact:
-        ds = lra_data.load("pathfinder", "train", tmp_path, cache_dir=tmp_path / "c")
+        ds = lra_data.load("pathfinder", "train", lra_data.Files(tmp_path, cache_dir=tmp_path / "c"))
         assert np.array_equal(lra_files.read_pngs(([str(png)], 32))[0], grey.reshape(-1)) and len(ds)
     else:
         with pytest.raises(DataError, match=f"{png}: a {mode} image"):
-            lra_data.load("pathfinder", "train", tmp_path, cache_dir=tmp_path / "c")
+            lra_data.load("pathfinder", "train", lra_data.Files(tmp_path, cache_dir=tmp_path / "c"))
 
 
 # ---- every command-line tool checks its flags and paths first ------------------------------------------------------

@@ -512,7 +512,7 @@ def test_gradient_accumulation_over_k_micro_batches_equals_one_full_batch(task, 
     if task == "pathfinder":
         generate_pathfinder(tmp_path, res=32, n=40, contour_length=14)
         data_dir = tmp_path
-    data = lra_data.load(task, "train", data_dir, cache_dir=tmp_path / "cache")
+    data = lra_data.load(task, "train", lra_data.Files(data_dir, cache_dir=tmp_path / "cache"))
     batch = lra_data.collate([data[i] for i in range(12)])
     Config, Model = train.MODELS["s4"][:2]
     spec, cpu = lra_data.TASKS[task], torch.device("cpu")

@@ -26,7 +26,7 @@ def data_dir(tmp_path_factory):
     ListOps trees of 30..200 tokens (the LRA generator with a shorter length window, so tests stay fast)."""
     root = tmp_path_factory.mktemp("data")
     generate_listops(root, 200, 40, 40, min_length=30, max_length=200)
-    lra_data.load("pathfinder", "train", root, generate=200, workers=1)
+    lra_data.load("pathfinder", "train", lra_data.Files(root, generate=200, workers=1))
     return root
 
 
