@@ -314,7 +314,7 @@ def settle(argv):
                         "pretrain_accum_steps", *(n for o in OBJECTIVES.values() for n in o.flags)}
     if spt_only and not args.spt:
         names = ", ".join("--" + k.replace("_", "-") for k in sorted(spt_only))
-        notes.append(f"note: {names} only act with --spt: ignored")
+        notes.append(f"note: {names} only act{'s' * (len(spt_only) == 1)} with --spt: ignored")
     if resume:                                      # the weights' own config, whatever the presets
         cfg = type(cfg)(**resume["config"])
     runs.absolute_paths(args)                       # a resume from elsewhere finds the same files

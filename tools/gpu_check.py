@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 import lra_data
+import models
 import train
 from lra import pathfinder
 from tools import memory, speed
@@ -208,7 +209,7 @@ def run_flags(check, model, task, steps, epochs, max_eval, spt=False):
     """train.py's flags of one run: --preset paper on the generated images, steps/epochs steps an epoch, evaluated
     after each, a warm-up of a tenth of the steps (the preset's 2,500-5,000 would keep a short run at chance);
     --spt: as many SPT epochs first. -> (flags, preset values, images needed)."""
-    values = {**train.preset_values("paper", model, task, spt), **check.scale["size"]}
+    values = {**models.preset_values("paper", model, task, spt), **check.scale["size"]}
     batch = check.scale["batch"] or max(values["batch_size"], values["pretrain_batch_size"] if spt else 0)
     n_train = steps // epochs * batch
     n = max(-(-n_train * 10 // 8), 10 * max_eval, 20)                   # 80 / 10 / 10 split
@@ -254,7 +255,7 @@ def runs_part(check):
     """Each model from scratch on Pathfinder, then PathX; then DLR with masked SPT then fine-tuning on PathX (the
     repo's main command in miniature). Each run is saved into runs.json as it ends; a run whose guessed time is not
     left (tools' guess, or the same model's Pathfinder run scaled by L) is skipped, saying so."""
-    plan = [(m, t, False) for t in check.scale["runs"] for m in train.MODELS] + [("dlr", "pathx", True)]
+    plan = [(m, t, False) for t in check.scale["runs"] for m in models.MODELS] + [("dlr", "pathx", True)]
     for task in check.scale["runs"]:                 # one set of images per task, enough for each of its runs
         make_images(check, task, max(run_flags(check, m, t, *check.scale["runs"][t], check.scale["max_eval"], spt)[2]
                                      for m, t, spt in plan if t == task))

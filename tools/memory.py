@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 import denoise
 import heads
 import lra_data
-import train
+import models
 
 PRECISIONS, PHASES = ["fp32", "bf16"], ["finetune", "spt"]
 GPU_GIB, HEADROOM = 80, 0.9   # fits = estimate ≤ 90 % of an 80 GB card (80 GiB); the 10 % are for what the estimate
@@ -128,7 +128,7 @@ def training_case(model_name, task, values, phase, B, L):
     cross-entropy (finetune), or denoising head at every position + its loss on the masked ones (spt). Token tasks
     take the padded path (lengths given, all real: the larger case), pixel tasks are never padded (lengths None).
     Retrieval: two documents per example, so 2·B sequences."""
-    spec, cfg, n_out = lra_data.TASKS[task], train.model_config(model_name, task, values), heads.n_outputs(task)
+    spec, cfg, n_out = lra_data.TASKS[task], models.model_config(model_name, task, values), heads.n_outputs(task)
     head = (dict(kind="denoise", n_out=n_out) if phase == "spt" else
             dict(kind="classifier", n_classes=spec.n_classes, pool=spec.pool, pair=spec.pair))
     meta = dict(model_name=model_name, config=dataclasses.asdict(cfg), head=head)
@@ -146,7 +146,7 @@ def training_case(model_name, task, values, phase, B, L):
                   torch.randint(0, n_out, (rows, L), device=device))                # (rows, L)
         weight = (torch.rand(rows, L, device=device) < spec.mask_ratio).float()     # 1 where masked
         return heads.batch_loss(model, denoise.Batch(x, lengths, target, weight))[0]   # the training loss itself
-    return (lambda: train.build_model(meta)), forward
+    return (lambda: models.build_model(meta)), forward
 
 
 def training_memory(model_name, task, values, phase, B, L, precision):
@@ -167,7 +167,7 @@ def paper_memory(model_name, task, phase, precision, accum_steps=None):
     scratch (TFS) or after SPT, whose batch sizes may differ: the run with the larger micro-batch counts."""
     runs = []
     for spt in [True] if phase == "spt" else [False, True]:
-        v = train.preset_values("paper", model_name, task, spt)
+        v = models.preset_values("paper", model_name, task, spt)
         batch, accum = ((v["pretrain_batch_size"], v["pretrain_accum_steps"]) if phase == "spt" else
                         (v["batch_size"], v["accum_steps"]))
         runs.append((-(-batch // (accum_steps or accum)), batch, accum_steps or accum, v))
@@ -190,7 +190,7 @@ def accum_to_fit(model_name, task, phase, precision="bf16"):
 def memory_table():
     """Every --preset paper model × task × phase in both precisions, with the accum_steps that fit in bf16."""
     rows = []
-    paper = [m for m, entry in train.MODELS.items() if entry.paper]       # a model without paper values: no row
+    paper = [m for m, entry in models.MODELS.items() if entry.paper]       # a model without paper values: no row
     for model_name, task, phase in [(m, t, p) for m in paper for t in lra_data.TASKS for p in PHASES]:
         est = {precision: paper_memory(model_name, task, phase, precision) for precision in PRECISIONS}
         keep = ("n_params", "L", "batch", "accum_steps", "micro_batch")
@@ -207,7 +207,7 @@ def memory_table():
 
 def check_values(model_name, task, phase):
     """The tiny preset's settings at CHECK_SIZE (DLR N = 256; S4 keeps its N = 64) for a check's small model."""
-    return {**train.preset_values("tiny", model_name, task, phase == "spt"), **CHECK_SIZE,
+    return {**models.preset_values("tiny", model_name, task, phase == "spt"), **CHECK_SIZE,
             **({} if model_name == "s4" else dict(d_state=256))}
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 import lra_data
+import models
 import ssm
-import train
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
 from tools.memory import device_type, memory_mib, simulated_peak, table, training_case
@@ -178,7 +178,7 @@ def fit_exponent(rows, name, fit_from):
 def train_step(model_name, preset, args):
     """One whole training step (forward, cross-entropy, backward, AdamW) of a train.py preset's classifier on a random
     full-length batch of args.task: the step whose memory the estimate counts."""
-    values, L = train.preset_values(preset, model_name, args.task, spt=False), lra_data.TASKS[args.task].max_len
+    values, L = models.preset_values(preset, model_name, args.task, spt=False), lra_data.TASKS[args.task].max_len
     B = args.train_batch or max(1, min(values["batch_size"], args.max_tokens // L))
     build, forward = training_case(model_name, args.task, values, "finetune", B, L)
     torch.manual_seed(0)
@@ -250,7 +250,7 @@ KERNELS = {"s4-nplr": ("s4", dict(mode="nplr")), "s4-diag": ("s4", dict(mode="di
 def paper_kernel(name, task, device):
     """One layer's SSM kernel of --preset paper on `task` (S4D: S4's with mode="diag"), float32, on device."""
     model, fields = KERNELS[name]
-    cfg = train.model_config(model, task, train.preset_values("paper", model, task, False))
+    cfg = models.model_config(model, task, models.preset_values("paper", model, task, False))
     torch.manual_seed(0)
     Kernel = S4Kernel if model == "s4" else DLRKernel
     return Kernel(type(cfg)(**{**cfg.__dict__, **fields})).to(device)
@@ -302,7 +302,7 @@ def speed(args):
     res = dict(matmul_gflops=matmul_gflops(args), layers=layer_table(args))
     res["kernels"] = kernel_precision(args) if args.kernel_precision else []
     res["exponents"] = {name: fit_exponent(res["layers"], name, args.fit_from) for name in args.models}
-    res["train"] = [train_step(name, preset, args) for preset in args.presets for name in train.MODELS]
+    res["train"] = [train_step(name, preset, args) for preset in args.presets for name in models.MODELS]
     return res
 
 
