@@ -156,17 +156,18 @@ def run_phase(phase, model, run, splits, resume=None):
             continue                                        # evaluate every k-th epoch and the last
         with runs.stopping_at(f"{phase.name} epoch {epoch}/{phase.epochs}, evaluation"):
             val = evaluate(state.forward, phase.prepare, val_batches, args.seed + 3, state.amp)
-        improved = best["epoch"] == 0 or score(val) > score(best["val"])
-        if improved:
-            best = {"name": f"val_{phase.select}", "value": val[phase.select], "epoch": epoch,
-                    "val": val}
-        seconds = before + time.time() - start
-        metrics = dict(train=heads.metrics(steps.all_sum(since_eval)), val=val, improved=improved,
-                       seconds=seconds)
-        line = runs.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"], metrics)
-        saved = {**run.meta, **state.saved(), "phase": phase.name, "epoch": epoch, "best": best,
-                 "seconds": seconds, "log": line}
-        runs.save_evaluation(run.folder, phase.best_file if improved else None, saved)
+            improved = best["epoch"] == 0 or score(val) > score(best["val"])
+            if improved:
+                best = {"name": f"val_{phase.select}", "value": val[phase.select], "epoch": epoch,
+                        "val": val}
+            seconds = before + time.time() - start
+            metrics = dict(train=heads.metrics(steps.all_sum(since_eval)), val=val,
+                           improved=improved, seconds=seconds)
+            line = runs.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"],
+                                       metrics)
+            saved = {**run.meta, **state.saved(), "phase": phase.name, "epoch": epoch,
+                     "best": best, "seconds": seconds, "log": line}
+            runs.save_evaluation(run.folder, phase.best_file if improved else None, saved)
         since_eval = {}
     if world > 1:
         dist.barrier()                                      # the others read spt.pt / best.pt next
@@ -182,8 +183,8 @@ def train_epoch(state, batches, desc):
     per steps.PROGRESS_STEPS steps. Returns this process's training statistics; a stop (Ctrl-C,
     SIGTERM) is re-raised naming the step."""
     (rank, world), phase, train = steps.rank_and_world(), state.phase, {}
-    bar = steps.progress_bar(batches, desc, disable=rank > 0)
-    with runs.stopping_at(lambda: f"{desc.replace(' ', ' epoch ', 1)}, step {state.step}"), bar:
+    where = lambda: f"{desc.replace(' ', ' epoch ', 1)}, step {state.step}"  # noqa: E731
+    with runs.stopping_at(where), steps.progress_bar(batches, desc, disable=rank > 0) as bar:
         for batch in bar:
             b = phase.prepare(batch, state.gens["mask"], state.step / state.total)
             rows, keep = steps.shard(len(b.weight))         # this process's examples of the batch
