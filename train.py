@@ -36,7 +36,7 @@ import objectives  # noqa: E402
 import presets  # noqa: E402
 import runs  # noqa: E402
 import steps  # noqa: E402
-from models import MODELS, Model, build_model, load_model, model_config, preset_values  # noqa
+from models import MODELS, build_model, load_model  # noqa: E402, F401  (load_model: public)
 from objectives import OBJECTIVES  # noqa: E402
 from presets import at_least, in_range  # noqa: E402
 from runs import fail, log  # noqa: E402

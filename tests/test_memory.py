@@ -4,6 +4,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lra_data
+import models
 from tools import memory
 import train
 
@@ -23,7 +24,7 @@ def test_live_bytes_counts_each_storage_once_and_forgets_it_when_freed():
 
 def test_peak_estimated_from_one_and_two_layers_equals_the_whole_models():
     for model_name, task, phase in (("s4", "listops", "finetune"), ("transformer", "text", "spt")):
-        values = train.preset_values("paper", model_name, task, phase == "spt")   # S4 ListOps: 8 post-norm layers
+        values = models.preset_values("paper", model_name, task, phase == "spt")   # S4 ListOps: 8 post-norm layers
         cased = memory.training_case(model_name, task, values, phase, 2, 256)
         whole = memory.simulated_peak(*cased, "bf16")
         est = memory.training_memory(model_name, task, values, phase, 2, 256, "bf16")

@@ -12,6 +12,7 @@ import torch
 
 import heads
 import lra_data
+import models
 import presets
 import train
 
@@ -38,7 +39,7 @@ CASES = sorted(EXPECTED_PARAMS, key=lambda c: (list(train.MODELS).index(c[0]), l
 
 def paper_config(model, task):
     """The model config of `--model model --task task --preset paper` (no size flags, not causal)."""
-    return train.model_config(model, task, train.preset_values("paper", model, task, spt=False))
+    return models.model_config(model, task, models.preset_values("paper", model, task, spt=False))
 
 
 def paper_classifier(model, task, cfg=None):
@@ -94,7 +95,7 @@ def test_paper_preset_model_trains_one_step_at_reduced_length(model, task):
 
 def readme_block():
     """The README section this file checks, rendered from EXPECTED_PARAMS and the preset's layers × width."""
-    size = lambda m, t: "{n_layers}×{d_model}".format(**train.preset_values("paper", m, t, spt=False))
+    size = lambda m, t: "{n_layers}×{d_model}".format(**models.preset_values("paper", m, t, spt=False))
     rows = [f"| {t} | " + " | ".join(f"{EXPECTED_PARAMS[m, t]:,} ({size(m, t)})" for m in MODEL_NAMES) + " |"
             for t in lra_data.TASKS]
     return "\n".join([f"## {HEADING}", "", "| task | " + " | ".join(MODEL_NAMES.values()) + " |",
@@ -119,7 +120,7 @@ def test_readme_prints_the_paper_preset_parameter_counts():
             assert cell_parts, f"README '{HEADING}', {task}/{model}: cell {cell!r} is not 'count (layers×width)'"
             n, layers, width = cell_parts.groups()
             found[model, task] = (int(n.replace(",", "")), int(layers), int(width))
-    want = {c: (EXPECTED_PARAMS[c], *(train.preset_values("paper", *c, spt=False)[k] for k in ("n_layers", "d_model")))
+    want = {c: (EXPECTED_PARAMS[c], *(models.preset_values("paper", *c, spt=False)[k] for k in ("n_layers", "d_model")))
             for c in EXPECTED_PARAMS}
     diff = {c: (found.get(c), want.get(c)) for c in want.keys() | found.keys() if found.get(c) != want.get(c)}
     assert not diff, (f"README '{HEADING}' disagrees with the code, (README, code) per cell: {diff}\n"
@@ -140,7 +141,7 @@ def test_committed_table_of_paper_presets_and_their_sources_is_current():
 def test_paper_preset_micro_batch_keeps_the_papers_batch(model, task):
     # accumulation splits a step, never changes it: micro-batches of at most the batch, as many as the batch needs
     for spt in (False, True):
-        v = train.preset_values("paper", model, task, spt)
+        v = models.preset_values("paper", model, task, spt)
         for batch, accum in (("batch_size", "accum_steps"), ("pretrain_batch_size", "pretrain_accum_steps")):
             assert 1 <= v[accum] <= v[batch], f"{model}/{task}: {accum} {v[accum]} for {batch} {v[batch]}"
 

@@ -9,6 +9,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 import dlr
+import models
 import s4
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
@@ -245,9 +246,8 @@ def tf32_allowed():
 
 def paper_kernel(name, task):
     """The SSM kernel of one layer of --preset paper on `task` (S4D: S4's with mode="diag"), float32."""
-    import train
     model = "dlr" if name == "dlr" else "s4"
-    cfg = train.model_config(model, task, train.preset_values("paper", model, task, False))
+    cfg = models.model_config(model, task, models.preset_values("paper", model, task, False))
     torch.manual_seed(0)
     return KERNELS[name][1](dataclasses.replace(cfg, **KERNELS[name][4]))
 

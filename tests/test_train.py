@@ -15,6 +15,7 @@ import torch
 import denoise
 import heads
 import lra_data
+import models
 from lra.listops import generate_listops
 import steps
 import train
@@ -311,7 +312,7 @@ def test_residual_stream_dtype_is_the_same_on_a_pixel_and_a_token_task_under_aut
     # the pixel encoder is a Linear (autocast: bf16), the token encoder an Embedding (float32): both must give one dtype
     seen = {}
     for task, x in (("pathfinder", torch.randn(2, 32, 2)), ("listops", torch.randint(4, 19, (2, 32)))):
-        cfg = train.model_config(model, task, dict(d_model=16, n_layers=2, d_state=8, n_heads=2, d_ff=32,
+        cfg = models.model_config(model, task, dict(d_model=16, n_layers=2, d_state=8, n_heads=2, d_ff=32,
                                                    dropout=0.0))
         net = train.MODELS[model].build(cfg)
         dtypes = []
