@@ -286,7 +286,7 @@ class ReplacedTokenDetection(nn.Module):
             if gdes:
                 backbone.encoder = GDESEmbedding(table)
         else:
-            assert levels.dim() == 1 and levels.is_floating_point(), "levels: (256,) float"
+            assert levels.dim() == 1 and levels.is_floating_point(), "levels: (n_out,) float, one per grey level"
             n_out = len(levels)                      # 256 grey levels
         assert n_out > 1, (
             "RTD samples from a distribution over n_out > 1 classes (Image's L1 values have none)")

@@ -209,8 +209,8 @@ def load(task, split, files="data", *, keep=None, data_fraction=1.0, lra_val=Fal
     synthetic task when its files are missing, only into an absent or empty folder (or one our
     generator made, which it completes if a run was stopped half way); nothing is ever
     overwritten. files.max_len (text, retrieval; >= 2) cuts each document to its first
-    max_len - 1 bytes + EOS, below LRA's 4096/4000, for CPU-sized runs. ListOps cannot be cut (the answer needs the whole
-    expression): generate shorter ones instead.
+    max_len - 1 bytes + EOS, below LRA's 4096/4000, for CPU-sized runs. ListOps cannot be cut
+    (the answer needs the whole expression): generate shorter ones instead.
     The cache is rebuilt when any source file read changes its size or mtime (every TSV, review,
     batch file, archive, metadata file and listed PNG is stat'ed; contents are not hashed).
     .notes lists, one line each, what was skipped, empty or cut while reading (kept in the cache's

@@ -1,11 +1,12 @@
 """objectives.py: the self pre-training objectives train.py can use, one entry each.
-entry:   Objective(prepare, flags, doc, head, refuse): the corruption (a function of denoise.py), the
-         objective's own flags with their defaults and range checks, its one-line description, the
-         SPT model it trains ("denoise": backbone + per-position head; "rtd": ELECTRA's generator
-         and discriminator) and the check that refuses a run it cannot serve
-derived: --objective's choices and each objective's flags (train.parse_flags), the note on flags that
-         act only with --spt, the start-up line, results.json's spt_objective and the tests' lists
-         all read OBJECTIVES, so a new objective is its function and one entry here (docs/fork.md)
+entry:   Objective(prepare, flags, doc, head, refuse): the corruption (a function of denoise.py),
+         the objective's own flags with their defaults and range checks, its one-line description,
+         the SPT model it trains ("denoise": backbone + per-position head; "rtd": ELECTRA's
+         generator and discriminator) and the check that refuses a run it cannot serve
+derived: --objective's choices and each objective's flags (train.parse_flags), the note on flags
+         that act only with --spt, the start-up line, results.json's spt_objective and the tests'
+         lists all read OBJECTIVES, so a new objective is its function and one entry here
+         (docs/fork.md)
 Check: tests/test_fork.py (an objective and a knob added as one entry each), tests/test_denoise.py.
 """
 import argparse

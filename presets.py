@@ -278,7 +278,6 @@ def in_range(low, high, open_low=False, open_high=False):
                   else f"must be {'>' if open_low else '>='} {low:g}")
 
 
-
 # ---- one merge of preset and flags; the checks of several flags at once --------------------------
 
 def preset_values(preset, name, entry, task, spt):

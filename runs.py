@@ -38,7 +38,7 @@ def rank():
     return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
 
 
-# ---- messages, writes that can fail -----------------------------------------------------------------------------
+# ---- messages, writes that can fail ------------------------------------------------------------
 
 def fail(message):
     """Bad input: one line on stderr (rank 0 only, under torchrun), exit status 2, no traceback."""
@@ -267,17 +267,19 @@ def absolute_paths(args):
 
 
 def evaluation_log(phase, epoch, step, lr, metrics):
-    """One evaluation's (line for log.txt, record for log.jsonl). metrics: {"train": metrics since
-    the last evaluation, "val": validation metrics, "improved": bool, "seconds": phase time so far}."""
+    """One evaluation's (line for log.txt, record for log.jsonl). metrics: {"train": metrics
+    since the last evaluation, "val": validation metrics, "improved": bool, "seconds": phase time
+    so far}."""
     train, val = metrics["train"], metrics["val"]
-    metric = "r2" if "r2" in val else "acc"
-    return (f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | "
-            f"train_loss {train['loss']:.4f} {metric} {train[metric]:.4f} | val_loss {val['loss']:.4f} "
-            f"val_{metric} {val[metric]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | "
-            f"{metrics['seconds']:.0f} s",
-            {"phase": phase.name, "epoch": epoch, "step": step,
-             **{f"train_{k}": v for k, v in train.items()},
-             **{f"val_{k}": v for k, v in val.items()}, "lr": lr, "elapsed_s": metrics["seconds"]})
+    m = "r2" if "r2" in val else "acc"
+    line = (f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | "
+            f"train_loss {train['loss']:.4f} {m} {train[m]:.4f} | val_loss {val['loss']:.4f} "
+            f"val_{m} {val[m]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | "
+            f"{metrics['seconds']:.0f} s")
+    return line, {"phase": phase.name, "epoch": epoch, "step": step,
+                  **{f"train_{k}": v for k, v in train.items()},
+                  **{f"val_{k}": v for k, v in val.items()}, "lr": lr,
+                  "elapsed_s": metrics["seconds"]}
 
 
 def write_predictions(folder, split, predicted):
@@ -333,11 +335,19 @@ def save_evaluation(folder, best_file, state):
 
 
 def catch_up_log(folder, ck):
-    """On resume (rank 0): log the evaluation that last.pt `ck` carries if log.jsonl lacks it."""
-    path = folder / "log.jsonl"
-    logged = path.read_text().splitlines() if path.is_file() else []
-    if rank() == 0 and "log" in ck and json.dumps(ck["log"][1]) not in logged:
-        log(folder, *ck["log"])
+    """On resume (rank 0): the evaluation that last.pt `ck` carries, appended to log.txt and
+    log.jsonl where a stop came before it (a line a cut write left unfinished is ended first)."""
+    if rank() > 0 or "log" not in ck:
+        return
+    for name, text in (("log.txt", ck["log"][0]), ("log.jsonl", json.dumps(ck["log"][1]))):
+        path = folder / name
+        old = path.read_text() if path.is_file() else ""
+        if text not in old.splitlines():
+            try:
+                with open(path, "a") as f:
+                    f.write("\n" * (old != "" and not old.endswith("\n")) + text + "\n")
+            except OSError as e:
+                cannot_write(path, e)
 
 
 def read_checkpoint(path, device="cpu"):

@@ -163,10 +163,10 @@ def run_phase(phase, model, run, splits, resume=None):
             seconds = before + time.time() - start
             metrics = dict(train=heads.metrics(steps.all_sum(since_eval)), val=val,
                            improved=improved, seconds=seconds)
-            line = runs.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"],
-                                       metrics)
+            entry = runs.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"],
+                                        metrics)                    # (line, record)
             saved = {**run.meta, **state.saved(), "phase": phase.name, "epoch": epoch,
-                     "best": best, "seconds": seconds, "log": line}
+                     "best": best, "seconds": seconds, "log": entry}
             runs.save_evaluation(run.folder, phase.best_file if improved else None, saved)
         since_eval = {}
     if world > 1:

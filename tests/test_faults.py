@@ -198,6 +198,31 @@ def test_a_stop_between_last_pt_and_its_log_record_loses_no_record(data_dir, tmp
     assert epochs == [1, 2, 3] and len(evals) == 3, f"SPT records {epochs}, log.txt: {evals}"
 
 
+def test_a_resume_after_a_cut_log_write_keeps_each_evaluation_once_and_every_record_whole(data_dir, tmp_path,
+                                                                                           monkeypatch):
+    flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3", "--epochs", "1"]
+    log = runs.log
+    def cut_after_log_txt(folder, line, record=None):               # SPT epoch 2: log.txt written, half a record
+        if record and record.get("phase") == "spt" and record["epoch"] == 2:
+            with open(folder / "log.txt", "a") as f:
+                f.write(line + "\n")
+            with open(folder / "log.jsonl", "a") as f:
+                f.write('{"phase": "spt", "ep')
+            raise KeyboardInterrupt
+        log(folder, line, record)
+    monkeypatch.setattr(runs, "log", cut_after_log_txt)
+    with pytest.raises(SystemExit):
+        run(data_dir, tmp_path, *flags)
+    monkeypatch.setattr(runs, "log", log)
+    (folder,) = tmp_path.iterdir()
+    train.main(["--resume", str(folder)])
+    lines = (folder / "log.jsonl").read_text().splitlines()
+    whole = [json.loads(line) for line in lines if not line.startswith('{"phase": "spt", "ep') or line.endswith("}")]
+    evals = [line for line in (folder / "log.txt").read_text().splitlines() if line.startswith("eval spt")]
+    assert [r["epoch"] for r in whole if r.get("phase") == "spt"] == [1, 2, 3] and len(evals) == 3, (lines, evals)
+    assert len(lines) == len(whole) + 1, "the cut record stays a line of its own"
+
+
 def test_a_stale_build_folder_of_a_dead_process_is_removed_and_a_live_ones_kept(tmp_path):
     generate_pathfinder(tmp_path, res=32, n=20, contour_length=14)
     ds = lra_data.load("pathfinder", "train", lra_data.Files(tmp_path, cache_dir=tmp_path / "c"))

@@ -119,11 +119,12 @@ def bert(clean, args, gen, progress):
     return denoise.Batch(x, clean.padded, clean.target, mask.float())
 
 
+Flag, in_range = objectives.Flag, objectives.in_range
 BERT = objectives.Objective(bert, {"mask_ratio": objectives.MASK_RATIO,
-                              "bert_mask": objectives.Flag(0.8, objectives.in_range(0, 1), "share of masked that read <mask>"),
-                              "bert_random": objectives.Flag(0.1, objectives.in_range(0, 1), "share read a random token")},
-                       "BERT's 80/10/10 masking", refuse=lambda args: "bert: tokens only"
-                       if args.task in ("image", "pathfinder", "pathx", "pathx256") else None)
+                                   "bert_mask": Flag(0.8, in_range(0, 1), "share of masked that read <mask>"),
+                                   "bert_random": Flag(0.1, in_range(0, 1), "share read a random token")},
+                            "BERT's 80/10/10 masking", refuse=lambda args: "bert: tokens only"
+                            if args.task in ("image", "pathfinder", "pathx", "pathx256") else None)
 
 
 def test_an_objective_added_as_one_entry_pre_trains_records_its_flags_and_corrupts_as_declared(data_dir, tmp_path,
@@ -160,7 +161,7 @@ def ramped(clean, args, gen, progress):
 
 def test_a_knob_added_to_an_objective_reaches_its_tensor_and_follows_the_training_progress(data_dir, tmp_path,
                                                                                           monkeypatch):
-    flags = {**objectives.OBJECTIVES["masked"].flags, "mask_ramp": objectives.Flag(0.0, objectives.in_range(0, 1), "ramp share")}
+    flags = {**objectives.OBJECTIVES["masked"].flags, "mask_ramp": Flag(0.0, in_range(0, 1), "ramp share")}
     monkeypatch.setitem(objectives.OBJECTIVES, "masked", objectives.OBJECTIVES["masked"]._replace(prepare=ramped, flags=flags))
     ratios, sample = [], denoise.sample_mask
     monkeypatch.setattr(denoise, "sample_mask", lambda lengths, L, ratio, gen: ratios.append(ratio) or
