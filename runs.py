@@ -84,14 +84,23 @@ def log(folder, line, record=None):
     print(line, flush=True)
     if folder is None or rank() > 0:
         return
-    for name, text in (("log.txt", line),
-                       ("log.jsonl", None if record is None else json.dumps(record))):
-        if text is not None:
-            try:
-                with open(folder / name, "a") as f:
-                    f.write(text + "\n")
-            except OSError as e:
-                cannot_write(folder / name, e)
+    append_line(folder / "log.txt", line)
+    if record is not None:
+        append_line(folder / "log.jsonl", json.dumps(record))
+
+
+def append_line(path, text):
+    """Append `text` as one line to `path`, first ending a line that a cut write (a kill, a full
+    disk) left unfinished, so one record never runs into the next. OSError -> cannot_write."""
+    try:
+        with open(path, "a+b") as f:                # appends, wherever it last read
+            cut = False
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                cut = f.read(1) != b"\n"
+            f.write(b"\n" * cut + text.encode() + b"\n")
+    except OSError as e:
+        cannot_write(path, e)
 
 
 # ---- stops: Ctrl-C and SIGTERM -------------------------------------------------------------------
@@ -336,18 +345,13 @@ def save_evaluation(folder, best_file, state):
 
 def catch_up_log(folder, ck):
     """On resume (rank 0): the evaluation that last.pt `ck` carries, appended to log.txt and
-    log.jsonl where a stop came before it (a line a cut write left unfinished is ended first)."""
+    log.jsonl where a stop came before it was written."""
     if rank() > 0 or "log" not in ck:
         return
     for name, text in (("log.txt", ck["log"][0]), ("log.jsonl", json.dumps(ck["log"][1]))):
         path = folder / name
-        old = path.read_text() if path.is_file() else ""
-        if text not in old.splitlines():
-            try:
-                with open(path, "a") as f:
-                    f.write("\n" * (old != "" and not old.endswith("\n")) + text + "\n")
-            except OSError as e:
-                cannot_write(path, e)
+        if not path.is_file() or text not in path.read_text().splitlines():
+            append_line(path, text)
 
 
 def read_checkpoint(path, device="cpu"):

@@ -179,46 +179,42 @@ def test_sigterm_during_spt_prints_the_resume_command_and_it_works(data_dir, tmp
     assert len(epochs) >= 3 and epochs == list(range(1, len(epochs) + 1)), f"the resumed run's epochs: {epochs}"
 
 
-def test_a_stop_between_last_pt_and_its_log_record_loses_no_record(data_dir, tmp_path, monkeypatch):
-    flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3", "--epochs", "1"]
+def stopped_at_spt_epoch_2_then_resumed(data_dir, tmp_path, monkeypatch, before_stop):
+    """A tiny SPT run whose log() call for SPT epoch 2 (last.pt is written by then) runs before_stop(folder, line)
+    and raises Ctrl-C; then `--resume` of it. -> (the folder, its 'eval spt' lines of log.txt)."""
     log = runs.log
-    def stop_after_checkpoint(folder, line, record=None):            # SPT epoch 2: last.pt written, no record
+    def stop(folder, line, record=None):
         if record and record.get("phase") == "spt" and record["epoch"] == 2:
+            before_stop(folder, line)
             raise KeyboardInterrupt
         log(folder, line, record)
-    monkeypatch.setattr(runs, "log", stop_after_checkpoint)
+    monkeypatch.setattr(runs, "log", stop)
     with pytest.raises(SystemExit):
-        run(data_dir, tmp_path, *flags)
+        run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3",
+            "--epochs", "1")
     monkeypatch.setattr(runs, "log", log)
     (folder,) = tmp_path.iterdir()
     assert torch.load(folder / "last.pt", weights_only=True)["epoch"] == 2
     train.main(["--resume", str(folder)])
+    return folder, [line for line in (folder / "log.txt").read_text().splitlines() if line.startswith("eval spt")]
+
+
+def test_a_stop_between_last_pt_and_its_log_record_loses_no_record(data_dir, tmp_path, monkeypatch):
+    folder, evals = stopped_at_spt_epoch_2_then_resumed(data_dir, tmp_path, monkeypatch, lambda folder, line: None)
     epochs = [r["epoch"] for r in records(folder) if r.get("phase") == "spt"]
-    evals = [line for line in (folder / "log.txt").read_text().splitlines() if line.startswith("eval spt")]
     assert epochs == [1, 2, 3] and len(evals) == 3, f"SPT records {epochs}, log.txt: {evals}"
 
 
 def test_a_resume_after_a_cut_log_write_keeps_each_evaluation_once_and_every_record_whole(data_dir, tmp_path,
                                                                                            monkeypatch):
-    flags = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3", "--epochs", "1"]
-    log = runs.log
-    def cut_after_log_txt(folder, line, record=None):               # SPT epoch 2: log.txt written, half a record
-        if record and record.get("phase") == "spt" and record["epoch"] == 2:
-            with open(folder / "log.txt", "a") as f:
-                f.write(line + "\n")
-            with open(folder / "log.jsonl", "a") as f:
-                f.write('{"phase": "spt", "ep')
-            raise KeyboardInterrupt
-        log(folder, line, record)
-    monkeypatch.setattr(runs, "log", cut_after_log_txt)
-    with pytest.raises(SystemExit):
-        run(data_dir, tmp_path, *flags)
-    monkeypatch.setattr(runs, "log", log)
-    (folder,) = tmp_path.iterdir()
-    train.main(["--resume", str(folder)])
+    def cut(folder, line):                                            # log.txt written, half a record
+        with open(folder / "log.txt", "a") as f:
+            f.write(line + "\n")
+        with open(folder / "log.jsonl", "a") as f:
+            f.write('{"phase": "spt", "ep')
+    folder, evals = stopped_at_spt_epoch_2_then_resumed(data_dir, tmp_path, monkeypatch, cut)
     lines = (folder / "log.jsonl").read_text().splitlines()
     whole = [json.loads(line) for line in lines if not line.startswith('{"phase": "spt", "ep') or line.endswith("}")]
-    evals = [line for line in (folder / "log.txt").read_text().splitlines() if line.startswith("eval spt")]
     assert [r["epoch"] for r in whole if r.get("phase") == "spt"] == [1, 2, 3] and len(evals) == 3, (lines, evals)
     assert len(lines) == len(whole) + 1, "the cut record stays a line of its own"
 
