@@ -403,13 +403,6 @@ def resume_settings(args, given, defaults):
 
 def resume_checks(args, given, defaults, folder, finished):
     """resume_settings' checks, under the folder's lock -> (the run's own settings, its last.pt)."""
-    if finished():
-        print(f"train.py: {folder} has finished (results.json is there); nothing to resume, "
-              f"nothing changed")
-        raise SystemExit(0)
-    if not (folder / "last.pt").is_file():
-        fail(f"--resume {folder}: no last.pt in that folder "
-             f"(a run writes it at its first evaluation)")
     config = read_config(folder)
     saved_args = config.get("args", {})
     seed_it = f", e.g. with --init-from {folder}/spt.pt" if (folder / "spt.pt").is_file() else ""
@@ -417,8 +410,18 @@ def resume_checks(args, given, defaults, folder, finished):
                       if k in PATH_FLAGS and saved_args.get(k) and getattr(args, k)
                       else saved_args.get(k, defaults.get(k)) == getattr(args, k))
     changed = sorted(k for k in given - RESUME_MAY_CHANGE if not same(k))
+    flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+    if finished() and changed:                      # e.g. --epochs 20 to train a finished run on
+        fail(f"--resume {folder} has finished (results.json is there) and continues nothing; "
+             f"{flags} would change the run: start a new run{seed_it}")
+    if finished():
+        print(f"train.py: {folder} has finished (results.json is there); nothing to resume, "
+              f"nothing changed")
+        raise SystemExit(0)
+    if not (folder / "last.pt").is_file():
+        fail(f"--resume {folder}: no last.pt in that folder "
+             f"(a run writes it at its first evaluation)")
     if changed:
-        flags = ", ".join("--" + k.replace("_", "-") for k in changed)
         fail(f"--resume continues a run with its own settings; {flags} cannot change "
              f"(only --device, --workers); start a new run{seed_it}")
     try:

@@ -403,6 +403,15 @@ def test_resume_of_a_finished_run_says_so_and_leaves_results_alone(data_dir, tmp
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before, "resuming a finished run changed its folder"
 
 
+def test_resume_of_a_finished_run_with_new_flags_names_the_flags_it_would_not_apply(data_dir, tmp_path, capsys):
+    # --epochs 3 on a finished 1-epoch run trains nothing more: say so (status 2), not a quiet "nothing changed"
+    _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "1")
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    line = exits_with_one_line(["--resume", str(run_dir), "--epochs", "3"], capsys, "has finished")
+    assert "--epochs would change the run" in line and "start a new run" in line
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before, "the refused resume changed its folder"
+
+
 # ---- precision and compilation --------------------------------------------------------------------------------------
 
 def test_compiled_run_saves_checkpoints_without_orig_mod_prefixes(data_dir, tmp_path, monkeypatch):
