@@ -148,7 +148,9 @@ def collate(batch):
     return x, lengths, y
 
 
-def normalize(x, task):                          # x: (B, L) uint8 -> (B, L) float32
+def normalize(x, task):
+    """Grey levels (B, L) uint8 -> (B, L) float32: Image standardised by LRA's CIFAR grey mean 122.6
+    and std 61, Pathfinder/PathX mapped to [-1, 1]. DataError for a task that is not pixels."""
     x = x.float() / 255
     if task == "image":
         return (x - 122.6 / 255) / (61 / 255)     # CIFAR grey mean/std used by LRA

@@ -156,8 +156,8 @@ def stopped_in(folder=None):
         line = f"train.py: stopped by {STOP['cause']} at {where}; {saved}; {then}"
         print(line, file=sys.stderr)
         if rank() == 0:                             # the log says how the run ended, too
-            with contextlib.suppress(OSError), open(folder / "log.txt", "a") as f:
-                f.write(line + "\n")
+            with contextlib.suppress(SystemExit):   # a full disk: the console has the line
+                append_line(folder / "log.txt", line)
         raise SystemExit(stop_status()) from None
 
 
@@ -169,7 +169,10 @@ def hold_lock(folder):
     train.py holds it. None without fcntl (Windows: no lock) or on ranks > 0."""
     if fcntl is None or rank() > 0:
         return None
-    f = open(Path(folder) / ".lock", "a")
+    try:
+        f = open(Path(folder) / ".lock", "a")
+    except OSError as e:                            # read-only, another user's, a full disk
+        cannot_write(Path(folder) / ".lock", e)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -303,8 +306,12 @@ def write_predictions(folder, split, predicted):
         # batch by batch, rank by rank: in order
         rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])
     labels = [int(y) for y in split.labels]
-    if rank() > 0 or len(rows) != len(labels) or max(labels + rows.tolist(), default=0) > 9:
-        return                                      # one digit per example: up to 10 classes
+    if rank() > 0:
+        return
+    if len(rows) != len(labels) or max(labels + rows.tolist(), default=0) > 9:
+        print(f"note: no test_predictions.json: {len(rows)} predictions of {len(labels)} examples, "
+              f"or over 10 classes (one digit an example)", flush=True)
+        return
     index = hashlib.sha1(",".join(map(str, map(int, split.index))).encode()).hexdigest()
     text = json.dumps({"split": "test", "n": len(labels), "index_sha1": index,
                        "labels": "".join(map(str, labels)),
@@ -390,14 +397,18 @@ def resume_settings(args, given, defaults):
     folder = Path(args.resume)
     if not folder.is_dir():
         fail(f"--resume {folder}: no such run folder")
+    if not (folder / "config.json").is_file():     # before a lock or a deletion there
+        fail(f"--resume {folder}: not a run folder (no config.json); pass one run's folder")
     finished = lambda: (folder / "results.json").is_file()  # noqa: E731
     lock = None if finished() else hold_lock(folder)  # then nothing can finish it behind our back
     try:
         for tmp in folder.glob("*.tmp"):            # a write a kill cut short
             tmp.unlink()
         return resume_checks(args, given, defaults, folder, finished) + (lock,)
-    except BaseException:                           # refused: give the folder back at once
+    except BaseException as e:                      # refused: give the folder back at once
         release_lock(lock)
+        if isinstance(e, OSError):                  # e.g. a folder made read-only
+            cannot_write(Path(e.filename or folder), e)
         raise
 
 
@@ -411,19 +422,17 @@ def resume_checks(args, given, defaults, folder, finished):
                       else saved_args.get(k, defaults.get(k)) == getattr(args, k))
     changed = sorted(k for k in given - RESUME_MAY_CHANGE if not same(k))
     flags = ", ".join("--" + k.replace("_", "-") for k in changed)
-    if finished() and changed:                      # e.g. --epochs 20 to train a finished run on
-        fail(f"--resume {folder} has finished (results.json is there) and continues nothing; "
-             f"{flags} would change the run: start a new run{seed_it}")
+    if changed:                                     # finished or not: e.g. --epochs 20
+        fail(f"--resume {folder}{' has finished (results.json is there);' if finished() else ':'} "
+             f"a run continues with its own settings; {flags} cannot change (only --device, "
+             f"--workers); start a new run{seed_it}")
     if finished():
         print(f"train.py: {folder} has finished (results.json is there); nothing to resume, "
               f"nothing changed")
         raise SystemExit(0)
     if not (folder / "last.pt").is_file():
-        fail(f"--resume {folder}: no last.pt in that folder "
-             f"(a run writes it at its first evaluation)")
-    if changed:
-        fail(f"--resume continues a run with its own settings; {flags} cannot change "
-             f"(only --device, --workers); start a new run{seed_it}")
+        fail(f"--resume {folder}: no last.pt in that folder (a run writes it at its first "
+             f"evaluation): nothing to continue; start the run again")
     try:
         ck = read_checkpoint(folder / "last.pt")
     except ValueError as e:

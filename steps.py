@@ -36,6 +36,7 @@ PROGRESS_STEPS = 25
 # ---- DDP: which rows of a batch are this process's, and sums over processes ---------------------
 
 def rank_and_world():
+    """(this process's DDP rank, the number of processes); (0, 1) without torch.distributed."""
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 

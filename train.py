@@ -45,8 +45,9 @@ from runs import fail, log  # noqa: E402
 # ---- every flag, once ------------------------------------------------------------------------
 
 def parse_flags(argv):
-    """The command line -> (args, the flags given explicitly, every flag's default). A value out of
-    range stops here in one line (its type checks it); a None default is the preset's."""
+    """The command line -> (args, the flags typed on it, even at their default value, every flag's
+    default). A value out of range stops here in one line (its type checks it); a None default is
+    the preset's."""
     p = argparse.ArgumentParser(description="Self pre-training (SPT) and fine-tuning on the LRA.")
     flag, count, rate = p.add_argument, at_least(0), in_range(0, math.inf, open_low=True)
     flag("--model", choices=MODELS, default="dlr", help=", ".join(MODELS))
@@ -84,7 +85,8 @@ def parse_flags(argv):
     flag("--cache-dir", default=None, help="arrays (default: <data-dir>/cache or data/cache)")
     flag("--difficulty", choices=["easy", "intermediate", "hard"], default="hard",
          help="Pathfinder contour length 6, 9, 14")
-    flag("--generate", type=count, default=None, help="examples to make if absent (0: never)")
+    flag("--generate", type=presets.number(int, lambda v: v == 0 or v >= 10, "must be 0 (never) or at least 10"),
+         default=None, help="examples to make if absent (0: never)")
     flag("--data-fraction", type=in_range(0, 1, open_low=True), default=1.0, help="of train")
     flag("--lra-val", action="store_true", help="text, image: validate on test, as LRA did")
     flag("--max-len", type=at_least(2), default=None, help="text, retrieval: cut documents")
@@ -102,8 +104,9 @@ def parse_flags(argv):
     flag("--resume", default=None, help="continue the stopped run in this folder")
     p.error = lambda message: fail(f"{presets.flag_message(message)} (python train.py --help lists "
                                    f"the flags)")
-    args = p.parse_args(argv)
-    return args, {k for k, v in vars(args).items() if v != p.get_default(k)}, vars(p.parse_args([]))
+    args, defaults, unset = p.parse_args(argv), vars(p.parse_args([])), object()
+    typed = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(defaults, unset)))  # no defaults
+    return args, {k for k, v in vars(typed).items() if v is not unset}, defaults
 
 
 # ---- one training phase ----------------------------------------------------------------------
@@ -137,7 +140,11 @@ def run_phase(phase, model, run, splits, resume=None):
     best = {"name": f"val_{phase.select}", "value": None, "epoch": 0, "val": {}}
     done, before = 0, 0.0
     if resume is not None:
-        state.restore(resume)
+        try:
+            state.restore(resume)
+        except ValueError as e:                            # e.g. an optimiser of other groups
+            fail(f"--resume {run.folder}: its last.pt (commit {resume['commit']}) cannot be "
+                 f"restored by this code ({e}); start a new run")
         runs.catch_up_log(run.folder, resume)              # a stop came between last.pt and log
         best, done, before = resume["best"], resume["epoch"], resume["seconds"]
     batches = steps.loader(splits["train"], phase.batch_size, args, run.device,
@@ -218,7 +225,9 @@ def evaluate(model, prepare, loader, seed, amp, predictions=None):
         b = prepare(batch, gen, 1.0)
         rows, keep = steps.shard(len(b.weight))
         with amp():
-            kept = predictions if keep else None            # a DDP dummy row predicts nothing
+            kept = predictions if keep else None            # a DDP dummy row predicts nothing,
+            if predictions is not None and not keep:        # but keeps the batches in step
+                predictions.append(torch.zeros(0, dtype=torch.long, device=device))
             total = heads.add(total, heads.batch_loss(model, b, rows, predictions=kept)[1], keep)
     model.train()
     return heads.metrics(steps.all_sum(total))

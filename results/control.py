@@ -7,8 +7,9 @@ arms, per model and seed:  TFS       fine-tune F epochs from random init
 setting: width 64 × 2 layers (N = 64), batch 16, AdamW lr 2e-3, 20 warm-up steps then constant, 4,000 training
 reviews cut to 511 bytes + EOS (250 steps an epoch), validation on the whole carved split (2,500 reviews) after
 every epoch, test on all 25,000 test reviews; F from the pilot (results/control/pilot/README.md), P = 3.
-The driver is resumable: a finished run is skipped, an unfinished one continued (--resume); run it again after a
-stop. Checkpoints are deleted once a run has finished, so the folders are small enough to commit.
+The driver is resumable: a finished run is skipped, an unfinished one continued (--resume), one stopped before its
+first evaluation (no last.pt) started again; run it again after a stop. Checkpoints are deleted once a run has
+finished, so the folders are small enough to commit.
     python results/control.py --seeds 100 --arms tfs spt --finetune-epochs 10 --out results/control/pilot  # pilot
     python results/control.py --seeds 0 1 2 3 4 5 --jobs 2        # about 4-5 h on 2 cores
     python results/summarize.py                                   # summary.md, with this study's intervals
@@ -16,6 +17,7 @@ stop. Checkpoints are deleted once a run has finished, so the folders are small 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -99,6 +101,10 @@ def main(argv=None):
                 folder = found.get(key)
                 if folder and (folder / "results.json").is_file():
                     continue
+                if folder and not (folder / "last.pt").is_file():   # stopped before its first evaluation:
+                    print(f"{folder.name}: stopped before its first evaluation; starting it again")
+                    shutil.rmtree(folder)                            # nothing in it to keep or resume
+                    folder = None
                 todo.append((f"{arm}-{model}-s{seed}", command(model, seed, flags, args), folder))
     print(f"{len(todo)} runs to do ({sum(1 for t in todo if t[2])} to resume), {args.jobs} at a time", flush=True)
     logs = Path(args.console)

@@ -7,7 +7,7 @@ are gone. Only finished runs (with results.json) are read.
     python results/kernels.py results/study --task text --clean   # ... then delete the *.pt of every finished run
 L: --length if given, else the run's --max-len, else the task's LRA length (TASKS[task].max_len); give --length for
 data shorter than LRA's (e.g. generated short ListOps), or the profile runs past the lags the model ever used.
-In the backward direction index l is lag l + 1 (s4.fft_conv shifts that branch by one), as in S4.
+In the backward direction index l is lag l + 1 (ssm.fft_conv shifts that branch by one), as in S4.
 """
 import argparse
 import json

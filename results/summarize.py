@@ -41,13 +41,25 @@ MODELS = ("transformer", "s4", "dlr")             # row and panel order
 OBJECTIVES = ("masked", "span", "causal", "rtd")  # train.py --objective, in column order
 
 
+def read_records(log):
+    """A log.jsonl's records, in order. A line that a cut write left (a kill or a full disk mid-record; the resumed run
+    ends it, runs.append_line) is no record and is skipped: the evaluation it began is logged whole after it."""
+    records = []
+    for line in log.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
 def read_run(folder):
     """-> dict with the fields the summary needs, or None if the run has not finished (no results.json)."""
     if not (folder / "results.json").is_file():
         return None
     config = json.loads((folder / "config.json").read_text())
     results = json.loads((folder / "results.json").read_text())
-    records = [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines() if line.strip()]
+    records = read_records(folder / "log.jsonl")
     a, c = config["args"], config["config"]
     chance = 1 / config["head"]["n_classes"]
     curve = [(r["step"], r["val_acc"]) for r in records if r.get("phase") == "finetune"]  # [(step, val acc)]
@@ -406,7 +418,7 @@ def unfinished_lines(folder, names, first):
     lines = [f"Unfinished runs{where} (no results.json: stopped before the end), not counted in the table:", ""]
     for u in names:
         log = folder / u / "log.jsonl"
-        records = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.is_file() else []
+        records = read_records(log) if log.is_file() else []
         last = next((r for r in reversed(records) if "val_acc" in r), None)
         seen = (f"last eval: {last['phase']} epoch {last['epoch']}, step {last['step']}, val acc "
                 f"{last['val_acc'] * 100:.1f}%") if last else "no evaluation logged"

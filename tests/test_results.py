@@ -195,6 +195,28 @@ def test_objectives_summary_is_the_same_without_matplotlib_and_its_plots_the_sam
             "summary.md depends on whether matplotlib is installed"
 
 
+def test_the_control_driver_skips_finished_runs_resumes_stopped_ones_and_restarts_those_with_no_evaluation(
+        tmp_path, monkeypatch):
+    control = script("control")
+    out = tmp_path / "control"
+
+    def folder(name, arm_args, *files):                  # a run folder as train.py leaves it
+        (out / name).mkdir(parents=True)
+        args = {"model": "dlr", "seed": 0, "spt": False, "epochs": 9, "pretrain_epochs": 3, **arm_args}
+        (out / name / "config.json").write_text(json.dumps({"args": args}))
+        for f in files:
+            (out / name / f).write_text("")
+    folder("text-dlr-tfs-s0-a", {}, "last.pt", "results.json")              # TFS: finished
+    folder("text-dlr-tfs-s0-b", {"epochs": 12}, "last.pt")                   # TFS-long: stopped after an evaluation
+    folder("text-dlr-spt-s0-c", {"spt": True})                               # SPT: stopped before its first one
+    calls = []
+    monkeypatch.setattr(control, "run_one", lambda cmd, f, log: calls.append((cmd, f)) or 0)
+    assert control.main(["--models", "dlr", "--seeds", "0", "--finetune-epochs", "9", "--jobs", "1",
+                         "--out", str(out), "--console", str(tmp_path / "console")]) == 0
+    assert [f.name if f else "--spt" in cmd for cmd, f in calls] == ["text-dlr-tfs-s0-b", True], calls
+    assert not (out / "text-dlr-spt-s0-c").exists() and not (out / "text-dlr-tfs-s0-a" / "last.pt").exists()
+
+
 # ---- the statistics behind the claims (results/stats.py) and the control study's tables ---------------------------
 
 def test_t_quantiles_intervals_and_exact_mcnemar_equal_hand_computations():
@@ -235,6 +257,14 @@ def test_the_control_table_gives_each_pair_of_arms_its_interval_and_mcnemar_test
     assert "0.0039 / 0.0039 / 0.0039 (3 of 3 < 0.05)" in row, row               # 9 vs 0: 2 / 2^9
     assert any(line.startswith("| dlr | 60.0 [60.0, 60.0] (n=3)") for line in lines), lines
     assert any("TFS 3 of 3" in line and "SPT 0 of 3" in line for line in lines), "runs ending at their last eval"
+
+
+def test_the_summary_reads_a_log_with_a_line_a_cut_write_left(tmp_path):
+    # a kill mid-record leaves '{"phase": "fine'; the resumed run ends that line and logs the evaluation whole
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"phase": "finetune", "epoch": 1}\n{"phase": "fine\n{"phase": "finetune", "epoch": 2}\n')
+    assert script("summarize").read_records(log) == [{"phase": "finetune", "epoch": 1},
+                                                     {"phase": "finetune", "epoch": 2}]
 
 
 def test_a_tiny_run_writes_its_test_predictions_and_the_summary_reads_them_back(tmp_path):

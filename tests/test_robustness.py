@@ -65,6 +65,8 @@ def test_two_ddp_processes_train_exactly_as_one_process(objective, data_dir, tmp
     one, _ = run(data_dir, tmp_path / "one", *flags)
     (two_dir,) = (tmp_path / "two").iterdir()            # rank 0 alone made (and named) the run folder
     assert done.stdout.count("param groups:") == 2, "a process other than rank 0 printed"
+    predictions = [json.loads((Path(d) / "test_predictions.json").read_text()) for d in (one["run_dir"], two_dir)]
+    assert predictions[0] == predictions[1], "2 processes (one with no row of the last test batch) lost predictions"
     a, b = records(one["run_dir"])[:-1], records(two_dir)[:-1]   # all but the wall times
     assert [(r["phase"], r.get("epoch")) for r in a] == [(r["phase"], r.get("epoch")) for r in b]
     for ra, rb in zip(a, b):
@@ -253,6 +255,7 @@ def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir,
     (["--lr=-1e-3"], "--lr -0.001"),
     (["--spt", "--pretrain-lr", "0"], "--pretrain-lr 0"),
     (["--warmup", "-1"], "--warmup -1"),
+    (["--generate", "5"], "--generate 5 must be 0 (never) or at least 10"),
     (["--model", "transformer", "--d-model", "30"], "d_model=30"),       # 30 is not divisible into 4 even heads
     (["--device", "foo"], "--device foo"),
     (["--device", "cuda:7"], "--device cuda:7"),
@@ -347,7 +350,9 @@ def test_init_from_a_checkpoint_of_another_model_task_or_shape_exits_with_status
 
 
 def test_resume_without_a_checkpoint_exits_with_status_2(tmp_path, capsys):
-    exits_with_one_line(["--resume", str(tmp_path)], capsys, "last.pt")
+    (tmp_path / "config.json").write_text(json.dumps({"args": {}}))      # a run stopped before its first evaluation
+    line = exits_with_one_line(["--resume", str(tmp_path)], capsys, "no last.pt")
+    assert "start the run again" in line, line
 
 
 @pytest.fixture
@@ -365,6 +370,26 @@ def test_resume_from_a_damaged_last_pt_names_it_and_the_checkpoints_still_usable
     last.write_bytes({"truncated": last.read_bytes()[:300], "empty": b"", "garbage": b"not a checkpoint" * 10}[damage])
     line = exits_with_one_line(["--resume", str(stopped_run)], capsys, f"{last} is damaged")
     assert "best.pt (finetune epoch 1)" in line and "spt.pt (spt epoch 1)" in line and "weights_only" not in line, line
+
+
+def test_resume_of_a_folder_that_is_no_run_touches_nothing_there(tmp_path, capsys):
+    (tmp_path / "draft.tmp").write_text("a user's file")                  # e.g. --resume ~/Downloads by mistake
+    exits_with_one_line(["--resume", str(tmp_path)], capsys, "not a run folder (no config.json)")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["draft.tmp"], "a refused --resume changed the folder"
+
+
+def test_resume_refuses_a_flag_typed_at_its_default_when_the_run_used_another_value(stopped_run, capsys):
+    # the run is ListOps; --task pathfinder is the parser's default, yet typed it asks for another task
+    exits_with_one_line(["--resume", str(stopped_run), "--task", "pathfinder"], capsys, "--task cannot change")
+
+
+def test_resume_of_a_last_pt_this_code_cannot_restore_stops_in_one_line(stopped_run, capsys):
+    last = stopped_run / "last.pt"
+    ck = torch.load(last, weights_only=True)
+    ck["optimizer"]["param_groups"] = ck["optimizer"]["param_groups"][:1]      # as if saved with other groups
+    torch.save(ck, last)
+    line = exits_with_one_line(["--resume", str(stopped_run)], capsys, "cannot be restored by this code")
+    assert "start a new run" in line, line
 
 
 def test_resume_refuses_flags_that_would_change_the_run(stopped_run, capsys):
@@ -408,7 +433,7 @@ def test_resume_of_a_finished_run_with_new_flags_names_the_flags_it_would_not_ap
     _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "1")
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
     line = exits_with_one_line(["--resume", str(run_dir), "--epochs", "3"], capsys, "has finished")
-    assert "--epochs would change the run" in line and "start a new run" in line
+    assert "--epochs cannot change" in line and "start a new run" in line
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before, "the refused resume changed its folder"
 
 
