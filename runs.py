@@ -375,10 +375,10 @@ def read_checkpoint(path, device="cpu"):
 
 
 def read_config(folder):
-    """A run folder's config.json (empty if it has none); one line if it is damaged."""
+    """A run folder's config.json (resume_settings has checked it is there); one line if damaged."""
     path = Path(folder) / "config.json"
     try:
-        return json.loads(path.read_text()) if path.is_file() else {}
+        return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         fail(f"--resume {folder}: {path} is damaged ({type(e).__name__}: {str(e)[:80]}); "
              f"the run cannot be checked against its settings: start a new run")
