@@ -5,15 +5,14 @@ run folder:  runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/: config.json, lo
 resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stopped run continues
              exactly; a lock keeps one writer per folder; a finished, damaged or incompatible run
              is refused in one line
-stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line naming where, and the
-             --resume command
+stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line: where, the --resume command
 (a step on the hardware, DDP, --device and --precision, the loaders: steps.py)
-Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints,
-faults, bad flags).
+Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints), test_faults.py.
 """
 import argparse
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -56,9 +55,11 @@ def free_space(path):
 
 
 def cannot_write(path, error):
-    """The one line for a write that failed: the path, why, the space left there."""
-    fail(f"cannot write {path} ({error.strerror or error}; {free_space(path)}): free some space or "
-         f"pass another --out / --cache-dir; the files written before are intact")
+    """The one line for a write that failed: the path, why, the space left there, what to do."""
+    denied = getattr(error, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS)  # not a full disk
+    fail(f"cannot write {path} ({error.strerror or error}; {free_space(path)}): "
+         f"{'make it writable' if denied else 'free some space'} or pass another --out / --cache-dir; "
+         f"the files written before are intact")
 
 
 def write_whole(path, write):
@@ -149,8 +150,7 @@ def stopped_in(folder=None):
                   f"the same command completes it", file=sys.stderr)
             raise SystemExit(stop_status()) from None
         last = read_checkpoint(folder / "last.pt") if (folder / "last.pt").is_file() else None
-        saved = (f"last.pt holds {last['phase']} epoch {last['epoch']}" if last
-                 else "no checkpoint yet")
+        saved = f"last.pt holds {last['phase']} epoch {last['epoch']}" if last else "no checkpoint yet"
         then = (f"continue with: python train.py --resume {folder}" if last else
                 f"start the run again ({folder} holds no checkpoint: delete it)")
         line = f"train.py: stopped by {STOP['cause']} at {where}; {saved}; {then}"

@@ -8,7 +8,8 @@ setting: width 64 × 2 layers (N = 64), batch 16, AdamW lr 2e-3, 20 warm-up step
 reviews cut to 511 bytes + EOS (250 steps an epoch), validation on the whole carved split (2,500 reviews) after
 every epoch, test on all 25,000 test reviews; F from the pilot (results/control/pilot/README.md), P = 3.
 The driver is resumable: a finished run is skipped, an unfinished one continued (--resume), one stopped before its
-first evaluation (no last.pt) started again; run it again after a stop. Checkpoints are deleted once a run has
+first evaluation (no last.pt) started again, one that a train.py is running (its folder locked) left alone; run it
+again after a stop. Checkpoints are deleted once a run has
 finished, so the folders are small enough to commit.
     python results/control.py --seeds 100 --arms tfs spt --finetune-epochs 10 --out results/control/pilot  # pilot
     python results/control.py --seeds 0 1 2 3 4 5 --jobs 2        # about 4-5 h on 2 cores
@@ -23,6 +24,11 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+try:
+    import fcntl  # POSIX file locks, as train.py takes them (runs.hold_lock); absent on Windows
+except ImportError:
+    fcntl = None
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -51,6 +57,19 @@ def existing(out):
         if config.is_file():
             found[identity(json.loads(config.read_text())["args"])] = folder
     return found
+
+
+def in_use(folder):
+    """Whether a train.py holds the run folder's lock (runs.hold_lock): a run that another driver on the same --out
+    has started and is running, which this one must neither delete nor resume. False without fcntl (Windows)."""
+    if fcntl is None or not (folder / ".lock").is_file():
+        return False
+    with open(folder / ".lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)    # free: closing the file releases it at once
+        except BlockingIOError:
+            return True
+    return False
 
 
 def command(model, seed, flags, args):
@@ -100,6 +119,10 @@ def main(argv=None):
                        args.pretrain_epochs if arm == "spt" else None)
                 folder = found.get(key)
                 if folder and (folder / "results.json").is_file():
+                    continue
+                if folder and in_use(folder):
+                    print(f"{folder.name}: being run by another train.py (a second driver on {args.out}?); "
+                          f"left to it")
                     continue
                 if folder and not (folder / "last.pt").is_file():   # stopped before its first evaluation:
                     print(f"{folder.name}: stopped before its first evaluation; starting it again")

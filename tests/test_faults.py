@@ -85,6 +85,24 @@ def test_out_of_space_writing_a_checkpoint_is_one_line_and_the_earlier_checkpoin
     assert train.main(["--resume", str(folder)])["test_acc"] >= 0, "the run did not continue from its last.pt"
 
 
+@pytest.mark.parametrize("error, advice, not_advice", [
+    (NO_SPACE, "free some space", "make it writable"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded"), "free some space", "make it writable"),
+    (PermissionError(errno.EACCES, "Permission denied"), "make it writable", "free some space"),
+    (OSError(errno.EROFS, "Read-only file system"), "make it writable", "free some space")])
+def test_a_failed_write_advises_space_for_a_full_disk_and_permission_for_a_denied_one(error, advice, not_advice,
+                                                                                    tmp_path, capsys):
+    def write(tmp):
+        tmp.write_bytes(b"half")
+        raise error
+    (tmp_path / "last.pt").write_bytes(b"the old checkpoint")
+    with pytest.raises(SystemExit) as e:
+        runs.write_whole(tmp_path / "last.pt", write)
+    line = one_line(capsys, 2, "cannot write", e)
+    assert advice in line and not_advice not in line and error.strerror in line, line
+    assert (tmp_path / "last.pt").read_bytes() == b"the old checkpoint" and not list(tmp_path.glob("*.tmp"))
+
+
 def test_out_of_space_while_generating_is_one_line_and_removes_the_folder_it_made(tmp_path, monkeypatch, capsys):
     saved, save = [], Image.Image.save
     def save_until_full(self, fp, *a, **k):

@@ -217,6 +217,26 @@ def test_the_control_driver_skips_finished_runs_resumes_stopped_ones_and_restart
     assert not (out / "text-dlr-spt-s0-c").exists() and not (out / "text-dlr-tfs-s0-a" / "last.pt").exists()
 
 
+def test_the_control_driver_leaves_alone_a_run_another_train_py_is_running(tmp_path, monkeypatch, capsys):
+    fcntl = pytest.importorskip("fcntl", reason="file locks are POSIX (fcntl)")
+    control = script("control")
+    out = tmp_path / "control"
+    for name, arm_args in (("text-dlr-tfs-s0-a", {}), ("text-dlr-spt-s0-b", {"spt": True})):  # neither has last.pt
+        (out / name).mkdir(parents=True)
+        args = {"model": "dlr", "seed": 0, "spt": False, "epochs": 9, "pretrain_epochs": 3, **arm_args}
+        (out / name / "config.json").write_text(json.dumps({"args": args}))
+    calls = []
+    monkeypatch.setattr(control, "run_one", lambda cmd, f, log: calls.append((cmd, f)) or 0)
+    with open(out / "text-dlr-spt-s0-b" / ".lock", "a") as held:         # as a first driver's train.py holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert control.main(["--models", "dlr", "--seeds", "0", "--finetune-epochs", "9", "--jobs", "1",
+                             "--arms", "tfs", "spt", "--out", str(out), "--console", str(tmp_path / "console")]) == 0
+    assert (out / "text-dlr-spt-s0-b" / "config.json").is_file(), "the driver deleted a run another one is running"
+    assert not (out / "text-dlr-tfs-s0-a").exists(), "the unlocked run stopped before its first evaluation was kept"
+    assert [("--spt" in cmd, f) for cmd, f in calls] == [(False, None)], calls
+    assert "text-dlr-spt-s0-b: being run by another train.py" in capsys.readouterr().out
+
+
 # ---- the statistics behind the claims (results/stats.py) and the control study's tables ---------------------------
 
 def test_t_quantiles_intervals_and_exact_mcnemar_equal_hand_computations():
