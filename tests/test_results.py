@@ -241,10 +241,10 @@ def test_the_control_driver_leaves_alone_a_run_another_train_py_is_running(tmp_p
 
 def test_t_quantiles_intervals_and_exact_mcnemar_equal_hand_computations():
     stats = script("stats")
-    assert [stats.t975(df) for df in (1, 2, 5, 7, 30)] == [12.706, 4.303, 2.571, 2.365, 2.042]   # a t table
+    assert [stats.t975(df) for df in (1, 2, 5, 7, 30)] == [12.7062, 4.3027, 2.5706, 2.3646, 2.0423]  # a t table
     assert abs(stats.t975(60) - 2.000) < 1e-3 and abs(stats.t975(120) - 1.980) < 1e-3
-    mean, low, high = stats.interval([2.0, 4.0, 6.0])            # mean 4, s = 2, half = 4.303 · 2 / √3
-    assert mean == 4.0 and abs(high - 4.0 - 4.303 * 2 / 3 ** 0.5) < 1e-12 and abs(low + high - 8.0) < 1e-12
+    mean, low, high = stats.interval([2.0, 4.0, 6.0])            # mean 4, s = 2, half = 4.3027 · 2 / √3
+    assert mean == 4.0 and abs(high - 4.0 - 4.3027 * 2 / 3 ** 0.5) < 1e-12 and abs(low + high - 8.0) < 1e-12
     truth = "0" * 20
     a, b = "0" * 10 + "1" + "0" * 9, "1" * 9 + "0" * 11     # only a right: 9 reviews; only b right: 1
     assert stats.mcnemar(a, b, truth) == (9, 1, 2 * 11 / 2 ** 10)   # 2 · (C(10,0) + C(10,1)) / 2^10
@@ -273,7 +273,7 @@ def test_the_control_table_gives_each_pair_of_arms_its_interval_and_mcnemar_test
                  control_run("dlr", seed, "SPT", 1250, spt, "0" * 20, spt_steps=750)]
     lines, _ = summarize.control_section(runs, tmp_path, None, "control")
     row = next(line for line in lines if line.startswith("| dlr | SPT − TFS |"))
-    assert "+2.0 / +4.0 / +6.0" in row and "+4.0 [-1.0, +9.0]" in row, row      # hand: 4 ± 4.303 · 2 / √3
+    assert "+2.0 / +4.0 / +6.0" in row and "+4.0 [-1.0, +9.0]" in row, row      # hand: 4 ± 4.3027 · 2 / √3
     assert "0.0039 / 0.0039 / 0.0039 (3 of 3 < 0.05)" in row, row               # 9 vs 0: 2 / 2^9
     assert any(line.startswith("| dlr | 60.0 [60.0, 60.0] (n=3)") for line in lines), lines
     assert any("TFS 3 of 3" in line and "SPT 0 of 3" in line for line in lines), "runs ending at their last eval"
