@@ -9,8 +9,7 @@ reviews cut to 511 bytes + EOS (250 steps an epoch), validation on the whole car
 every epoch, test on all 25,000 test reviews; F from the pilot (results/control/pilot/README.md), P = 3.
 The driver is resumable: a finished run is skipped, an unfinished one continued (--resume), one stopped before its
 first evaluation (no last.pt) started again, one that a train.py is running (its folder locked) left alone; run it
-again after a stop. Checkpoints are deleted once a run has
-finished, so the folders are small enough to commit.
+again after a stop. Checkpoints are deleted once a run has finished, so the folders are small enough to commit.
     python results/control.py --seeds 100 --arms tfs spt --finetune-epochs 10 --out results/control/pilot  # pilot
     python results/control.py --seeds 0 1 2 3 4 5 --jobs 2        # about 4-5 h on 2 cores
     python results/summarize.py                                   # summary.md, with this study's intervals

@@ -195,20 +195,22 @@ def test_objectives_summary_is_the_same_without_matplotlib_and_its_plots_the_sam
             "summary.md depends on whether matplotlib is installed"
 
 
+def control_folder(out, name, arm_args, *files):
+    """A DLR seed-0 run folder of the control study as train.py leaves it: config.json's args, empty `files`."""
+    (out / name).mkdir(parents=True)
+    args = {"model": "dlr", "seed": 0, "spt": False, "epochs": 9, "pretrain_epochs": 3, **arm_args}
+    (out / name / "config.json").write_text(json.dumps({"args": args}))
+    for f in files:
+        (out / name / f).write_text("")
+
+
 def test_the_control_driver_skips_finished_runs_resumes_stopped_ones_and_restarts_those_with_no_evaluation(
         tmp_path, monkeypatch):
     control = script("control")
     out = tmp_path / "control"
-
-    def folder(name, arm_args, *files):                  # a run folder as train.py leaves it
-        (out / name).mkdir(parents=True)
-        args = {"model": "dlr", "seed": 0, "spt": False, "epochs": 9, "pretrain_epochs": 3, **arm_args}
-        (out / name / "config.json").write_text(json.dumps({"args": args}))
-        for f in files:
-            (out / name / f).write_text("")
-    folder("text-dlr-tfs-s0-a", {}, "last.pt", "results.json")              # TFS: finished
-    folder("text-dlr-tfs-s0-b", {"epochs": 12}, "last.pt")                   # TFS-long: stopped after an evaluation
-    folder("text-dlr-spt-s0-c", {"spt": True})                               # SPT: stopped before its first one
+    control_folder(out, "text-dlr-tfs-s0-a", {}, "last.pt", "results.json")      # TFS: finished
+    control_folder(out, "text-dlr-tfs-s0-b", {"epochs": 12}, "last.pt")          # TFS-long: stopped after an evaluation
+    control_folder(out, "text-dlr-spt-s0-c", {"spt": True})                      # SPT: stopped before its first one
     calls = []
     monkeypatch.setattr(control, "run_one", lambda cmd, f, log: calls.append((cmd, f)) or 0)
     assert control.main(["--models", "dlr", "--seeds", "0", "--finetune-epochs", "9", "--jobs", "1",
@@ -221,10 +223,8 @@ def test_the_control_driver_leaves_alone_a_run_another_train_py_is_running(tmp_p
     fcntl = pytest.importorskip("fcntl", reason="file locks are POSIX (fcntl)")
     control = script("control")
     out = tmp_path / "control"
-    for name, arm_args in (("text-dlr-tfs-s0-a", {}), ("text-dlr-spt-s0-b", {"spt": True})):  # neither has last.pt
-        (out / name).mkdir(parents=True)
-        args = {"model": "dlr", "seed": 0, "spt": False, "epochs": 9, "pretrain_epochs": 3, **arm_args}
-        (out / name / "config.json").write_text(json.dumps({"args": args}))
+    control_folder(out, "text-dlr-tfs-s0-a", {})                                 # neither has last.pt
+    control_folder(out, "text-dlr-spt-s0-b", {"spt": True})
     calls = []
     monkeypatch.setattr(control, "run_one", lambda cmd, f, log: calls.append((cmd, f)) or 0)
     with open(out / "text-dlr-spt-s0-b" / ".lock", "a") as held:         # as a first driver's train.py holds it
