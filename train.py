@@ -80,6 +80,8 @@ def parse_flags(argv):
     flag("--n-layers", type=at_least(1), default=None, help="layers")
     flag("--d-state", type=at_least(1), default=None, help="SSM state size N")
     flag("--dropout", type=in_range(0, 1, open_high=True), default=None, help="dropout")
+    flag("--pos", default=None, help="transformer: where positions enter: rotary (default), "
+         "sinusoidal, learned or none (checked by transformer.TransformerConfig)")
     flag("--pool", choices=["mean", "max", "last"], default=None, help="default: the task's")
     flag("--data-dir", default="data", help="downloaded files; synthetic tasks generated here")
     flag("--cache-dir", default=None, help="arrays (default: <data-dir>/cache or data/cache)")
