@@ -253,6 +253,23 @@ def test_t_quantiles_intervals_and_exact_mcnemar_equal_hand_computations():
     assert d["diffs"] == pytest.approx([2.0, 4.0, 6.0]) and d["mean"] == pytest.approx(4.0) and d["n"] == 3
 
 
+def test_t_p_values_holm_and_power_equal_tables_and_r():
+    stats = script("stats")
+    for df in (1, 2, 5, 10, 30):                                   # the table's 0.975 quantiles give p = 0.05
+        assert stats.t_pvalue(stats.T975[df - 1], df) == pytest.approx(0.05, abs=2e-5)
+    assert stats.t_pvalue(0.0, 4) == pytest.approx(1.0) and stats.t_quantile(0.975, 5) == pytest.approx(2.5706, 1e-4)
+    assert stats.t_pvalue(1.0, 1) == pytest.approx(0.5, abs=1e-12)     # Cauchy: P(|T| > 1) = 1/2
+    t, p = stats.paired_test([2.0, 4.0, 6.0])                      # t = 4 / (2 / √3)
+    assert t == pytest.approx(2 * 3 ** 0.5) and 0.05 < p < 0.1
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])   # 3p, 2p -> max, ..., 4p
+    # R: power.t.test(n = 20, delta = 1) = 0.8689528 (two-sample: df 38, ncp √10, the upper tail only)
+    c = stats.t_quantile(0.975, 38)
+    assert stats.noncentral_t_sf(c, 38, 10 ** 0.5) == pytest.approx(0.8689528, abs=1e-7)
+    assert stats.power_paired_t(0.0, 1.0, 6) == pytest.approx(0.05, abs=1e-6), "no effect: power = α"
+    d = stats.detectable_difference(1.0, 6)                        # 80 % power, n = 6: about 1.43 σ
+    assert stats.power_paired_t(d, 1.0, 6) == pytest.approx(0.8, abs=1e-6) and 1.4 < d < 1.45
+
+
 def control_run(model, seed, kind, ft_steps, test, predictions, spt_steps=0):
     """One run as read_run gives it, enough for control_section."""
     return dict(name=f"{model}-{kind}-{ft_steps}-s{seed}", model=model, task="text", seed=seed, kind=kind,
