@@ -315,3 +315,77 @@ def test_a_tiny_run_writes_its_test_predictions_and_the_summary_reads_them_back(
     assert p["n"] == len(p["labels"]) == len(p["predictions"]) == 8, p
     correct = sum(x == y for x, y in zip(p["predictions"], p["labels"])) / p["n"]
     assert abs(correct - results["test_acc"]) < 1e-12, "the predictions do not give the run's test accuracy"
+
+
+# ---- the why-SPT study's driver (results/why_spt.py) ----------------------------------------------------------------
+
+def why_folder(out, name, cmd, cpu, *files, best_val=None):
+    """A run folder as train.py leaves it, with just what the driver reads: config.json's command and machine."""
+    (out / name).mkdir(parents=True)
+    (out / name / "config.json").write_text(json.dumps(dict(command=cmd, machine=dict(cpu=cpu),
+                                                            model_name="dlr")))
+    for f in files:
+        (out / name / f).write_text("")
+    if best_val is not None:
+        (out / name / "results.json").write_text(json.dumps(dict(best_val_acc=best_val)))
+
+
+def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keeps_a_seed_on_one_machine(tmp_path):
+    why = script("why_spt")
+    args = type("Args", (), dict(setting=["--preset", "tiny"], data_dir="d", cache_dir="c", out=tmp_path / "why"))
+    cmd = lambda seed, *flags: why.command("transformer", seed, list(flags), args)   # noqa: E731
+    out, control = tmp_path / "why", tmp_path / "control"
+    why_folder(out, "done-s0", cmd(0, "--epochs", "9"), "AMD EPYC", "results.json")             # finished
+    why_folder(out, "cut-s0", cmd(0, "--spt", "--epochs", "9"), "AMD EPYC", "last.pt")          # resumable
+    why_folder(out, "early-s0", cmd(0, "--pos", "none", "--epochs", "9"), "AMD EPYC")           # no evaluation yet
+    why_folder(out, "intel-s1", cmd(1, "--epochs", "9"), "Intel Xeon", "results.json")          # seed 1: elsewhere
+    why_folder(control, "ctl-s2", cmd(2, "--epochs", "9"), "AMD EPYC", "results.json", "best.pt")  # reusable here
+    why_folder(control, "ctl-s3", cmd(3, "--epochs", "9"), "Intel Xeon", "results.json")        # other CPU: rerun
+    jobs = [("done", cmd(0, "--epochs", "9")), ("cut", cmd(0, "--spt", "--epochs", "9")),
+            ("early", cmd(0, "--pos", "none", "--epochs", "9")), ("s1", cmd(1, "--spt", "--epochs", "9")),
+            ("s2", cmd(2, "--epochs", "9")), ("s3", cmd(3, "--epochs", "9"))]
+    said = []
+    dry = why.plan(jobs, out, "AMD EPYC", control, dry=True, log=said.append)
+    assert (out / "early-s0").is_dir() and not (out / "ctl-s2").exists(), "a dry run changed the disk"
+    todo = why.plan(jobs, out, "AMD EPYC", control, log=said.append)
+    assert [(n, f.name if f else None) for n, _, f in todo] == [("cut", "cut-s0"), ("early", None), ("s3", None)]
+    assert [n for n, _, _ in dry] == [n for n, _, _ in todo]
+    assert not (out / "early-s0").exists(), "a run stopped before its first evaluation is started again"
+    assert json.loads((out / "ctl-s2" / "reused.json").read_text())["reused_from"].endswith("ctl-s2")
+    assert not (out / "ctl-s2" / "best.pt").exists(), "a reused run brings no checkpoint"
+    assert any(s.startswith("s1: left: seed 1's runs ran on Intel Xeon, this machine is AMD EPYC") for s in said)
+
+
+def test_the_why_spt_pilot_chooses_the_best_validation_accuracy_per_model(tmp_path):
+    why = script("why_spt")
+    args = type("Args", (), dict(setting=["--preset", "tiny"], data_dir="d", cache_dir="c", out=tmp_path))
+    for model, accs in (("s4", [0.70, 0.72, 0.71, 0.72]), ("dlr", [0.80, 0.79, 0.78, 0.77])):
+        for (dropout, schedule), acc in zip(why.GRID, accs):
+            cmd = why.command(model, why.PILOT_SEED, why.grid_flags(dropout, schedule) + ["--epochs", "9"], args)
+            why_folder(tmp_path, f"{model}-{dropout}-{schedule}-s100-x", cmd, "AMD EPYC", best_val=acc)
+    choice, missing = why.pilot_choice(tmp_path, ["s4", "dlr"])
+    assert not missing and choice == {"s4": ("0", "cosine"), "dlr": ("0", "constant")}, choice   # s4: a tie, earlier
+    assert json.loads((tmp_path / "choice.json").read_text())["choice"]["s4"] == dict(dropout="0", schedule="cosine")
+    flags = why.arms(9, choice)["c"]
+    assert flags["dlr"]["tfs-tuned"] == ["--epochs", "9"], "the control's settings give the control's flags"
+    assert flags["s4"]["spt-tuned"] == ["--schedule", "cosine", "--spt", "--pretrain-epochs", "3", "--epochs", "9"]
+
+
+def test_the_why_spt_driver_runs_a_miniature_cell_b_keeping_the_transformers_checkpoints(tmp_path):
+    why = script("why_spt")
+    generate_listops(tmp_path, 200, 40, 40, min_length=30, max_length=200)
+    setting = ["--preset", "tiny", "--task", "listops", "--d-model", "16", "--n-layers", "1", "--batch-size", "16",
+               "--max-train", "16", "--max-eval", "8", "--lr", "5e-3", "--pretrain-lr", "3e-2", "--device", "cpu"]
+    argv = ["--cells", "b", "--seeds", "0", "--finetune-epochs", "1", "--setting", " ".join(setting), "--data-dir",
+            str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "why"), "--reuse-from", "",
+            "--console", str(tmp_path / "console"), "--nice", "0"]
+    assert why.main(argv) == 0
+    runs = sorted((tmp_path / "why").glob("listops-*"))
+    assert len(runs) == 2, runs
+    for folder in runs:
+        assert {p.name for p in folder.glob("*.pt")} == {"best.pt", "spt.pt"}, "keep best.pt and spt.pt, no last.pt"
+        results = json.loads((folder / "results.json").read_text())
+        assert results["spt_stopped_early"] or results["spt_epochs"] == 15, results
+        assert set(json.loads((folder / "attention.json").read_text())["checkpoints"]) == {"spt.pt", "best.pt"}
+        assert json.loads((folder / "config.json").read_text())["machine"]["cpu"]
+    assert why.main(argv) == 0 and sorted((tmp_path / "why").glob("listops-*")) == runs, "a second call reruns nothing"
