@@ -142,7 +142,9 @@ def power_paired_t(delta, sd, n, alpha=0.05):
 
 def detectable_difference(sd, n, power=0.8, alpha=0.05):
     """The smallest true mean difference that a two-sided paired t test of n pairs (sd of the differences) detects
-    with the given power, by bisection on power_paired_t."""
+    with the given power, by bisection on power_paired_t (0 when sd = 0: every difference is certain)."""
+    if sd == 0:
+        return 0.0
     low, high = 0.0, 20 * sd
     for _ in range(60):
         mid = (low + high) / 2

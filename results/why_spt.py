@@ -22,6 +22,7 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -222,6 +223,154 @@ def run_all(todo, args):
         return code
     with ThreadPoolExecutor(args.jobs) as pool:
         return list(pool.map(work, todo))
+
+
+# ---- the tables (results/summarize.py calls section) -----------------------------------------------------------------
+# a contrast: per seed Σ weight × test accuracy (points) over (model, arm) terms; a seed counts where every term ran.
+# The four primary ones are fixed in why_spt/README.md before any run; Holm's adjustment is over these four.
+PRIMARY = [
+    ("C1 sinusoidal: SPT − TFS", {("transformer", "spt-sin"): 1, ("transformer", "tfs-sin"): -1}),
+    ("C2 position × SPT: (SPT − TFS) sinusoidal − (SPT − TFS) rotary",
+     {("transformer", "spt-sin"): 1, ("transformer", "tfs-sin"): -1, ("transformer", "spt-rot"): -1,
+      ("transformer", "tfs-rot"): 1}),
+    ("C3 rotary: converged SPT − TFS", {("transformer", "conv-rot"): 1, ("transformer", "tfs-rot"): -1}),
+    ("C4 S4 and DLR: SPT − tuned TFS (mean of the two)",
+     {("s4", "spt-tuned"): 0.5, ("s4", "tfs-tuned"): -0.5, ("dlr", "spt-tuned"): 0.5, ("dlr", "tfs-tuned"): -0.5}),
+]
+SECONDARY = [
+    ("rotary: SPT − TFS (the control's arms)", {("transformer", "spt-rot"): 1, ("transformer", "tfs-rot"): -1}),
+    ("sinusoidal: converged SPT − TFS", {("transformer", "conv-sin"): 1, ("transformer", "tfs-sin"): -1}),
+    ("rotary: converged SPT − SPT (P = 3)", {("transformer", "conv-rot"): 1, ("transformer", "spt-rot"): -1}),
+    ("sinusoidal: converged SPT − SPT (P = 3)", {("transformer", "conv-sin"): 1, ("transformer", "spt-sin"): -1}),
+    ("S4: SPT − tuned TFS", {("s4", "spt-tuned"): 1, ("s4", "tfs-tuned"): -1}),
+    ("DLR: SPT − tuned TFS", {("dlr", "spt-tuned"): 1, ("dlr", "tfs-tuned"): -1}),
+]
+
+
+def arm_of(config, finetune, choice):
+    """(model, arm) of a run folder's config.json, or None for a run that is no arm of this study."""
+    ident = identity(config["command"])
+    model, flags = flag(ident, "--model"), list(ident[ident.index("--seed") + 2:])
+    for cell in arms(finetune, choice).values():
+        for arm, arm_flags in cell.get(model, {}).items():
+            if arm_flags == flags:
+                return model, arm
+    return None
+
+
+def study_cells(folder, runs):
+    """{(model, arm): {seed: run}} of the finished runs (summarize.read_run's dicts) of the study folder, each run with
+    its CPU model and, where there, attention.json."""
+    finetune = json.loads((HERE / "control" / "pilot" / "choice.json").read_text())["finetune_epochs"]
+    choice_file = folder / "pilot" / "choice.json"
+    choice = ({m: (c["dropout"], c["schedule"]) for m, c in json.loads(choice_file.read_text())["choice"].items()}
+              if choice_file.is_file() else None)
+    cells = {}
+    for r in runs:
+        config = json.loads((folder / r["name"] / "config.json").read_text())
+        key = arm_of(config, finetune, choice)
+        if key:
+            attention = folder / r["name"] / "attention.json"
+            cells.setdefault(key, {})[r["seed"]] = {
+                **r, "cpu": cpu_of(config), "reused": (folder / r["name"] / "reused.json").is_file(),
+                "attention": json.loads(attention.read_text()) if attention.is_file() else None}
+    return cells
+
+
+def contrast(cells, terms):
+    """Per seed Σ weight × test accuracy (points) where every term ran -> {seed: difference}."""
+    seeds = set.intersection(*(set(cells.get(t, {})) for t in terms))
+    return {s: sum(w * 100 * cells[t][s]["test"] for t, w in terms.items()) for s in sorted(seeds)}
+
+
+def contrast_rows(cells, contrasts, stats, adjust):
+    """Rows of the contrasts table: n, per seed, mean [95 % t interval], t, p (Holm-adjusted where adjust), the
+    difference detectable at 80 % power from the observed spread, McNemar per seed (two-arm contrasts)."""
+    found = [(name, terms, contrast(cells, terms)) for name, terms in contrasts]
+    tests = [stats.paired_test(list(d.values())) if len(d) > 1 and len(set(d.values())) > 1 else (None, None)
+             for _, _, d in found]
+    ps = [p for _, p in tests]
+    held = [i for i, p in enumerate(ps) if p is not None]
+    holm = dict(zip(held, stats.holm([ps[i] for i in held]))) if adjust else {}
+    rows = []
+    for i, (name, terms, d) in enumerate(found):
+        values, (t, p) = list(d.values()), tests[i]
+        if len(values) > 1:
+            mean, low, high = stats.interval(values)
+            shown = f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]"
+            detect = f"{stats.detectable_difference(statistics.stdev(values), len(values)):.1f}"
+        else:
+            shown, detect = (f"{values[0]:+.1f}" if values else "–"), "–"
+        pairs = [t_ for t_, w in terms.items()]
+        mcnemar = "–"
+        if len(pairs) == 2 and pairs[0][0] == pairs[1][0] and d:
+            mcnemar = control_mcnemar(cells[pairs[0]], cells[pairs[1]], stats)
+        p_text = "–" if p is None else f"{p:.3g}" + (f" (Holm {holm[i]:.3g})" if i in holm else "")
+        rows.append(f"| {name} | {len(values)} | {' / '.join(f'{v:+.1f}' for v in values) or '–'} | {shown} | "
+                    f"{'–' if t is None else f'{t:.2f}'} | {p_text} | {detect} | {mcnemar} |")
+    return rows
+
+
+def control_mcnemar(a, b, stats):
+    """Exact McNemar p per seed of two arms' test predictions, 'p1 / p2 / ...'."""
+    ps = []
+    for seed in sorted(set(a) & set(b)):
+        pa, pb = a[seed]["predictions"], b[seed]["predictions"]
+        ok = pa and pb and pa["labels"] == pb["labels"] and pa["index_sha1"] == pb["index_sha1"]
+        ps.append(f"{stats.mcnemar(pa['predictions'], pb['predictions'], pa['labels'])[2]:.2g}" if ok else "–")
+    return " / ".join(ps)
+
+
+def attention_rows(cells):
+    """Mean attention distance per layer (mean over heads, then seeds) of each Transformer arm, after SPT (spt.pt)
+    and after fine-tuning (best.pt), against uniform attention's."""
+    rows = []
+    for (model, arm), by_seed in sorted(cells.items()):
+        found = [r["attention"] for r in by_seed.values() if r["attention"]]
+        for ck in ("spt.pt", "best.pt"):
+            layers = [a["checkpoints"][ck]["layers"] for a in found if ck in a["checkpoints"]]
+            if not layers:
+                continue
+            per_layer = []
+            for i in range(len(layers[0])):
+                mean = statistics.fmean(statistics.fmean(seed[i]["mean_distance"]) for seed in layers)
+                uniform = statistics.fmean(seed[i]["uniform_distance"] for seed in layers)
+                per_layer.append(f"{mean:.1f} (uniform {uniform:.1f})")
+            rows.append(f"| {model} {arm} | {ck} | {len(layers)} | {' | '.join(per_layer)} |")
+    return rows
+
+
+def section(folder, runs, stats):
+    """The study's part of summary.md: n per cell, the primary contrasts (Holm), the secondary ones, attention."""
+    cells = study_cells(folder, runs)
+    lines = [f"## Why SPT gives our Transformer nothing (`{folder.name}/`, issue 31)", "",
+             "The plan and its four primary contrasts: `why_spt/README.md` (fixed before any run). Test accuracy %, "
+             "mean [95 % t interval over seeds]; n = seeds. Each contrast pairs the runs of a seed.", "",
+             "| model · arm | n | seeds | test acc % | best val acc % | SPT epochs (per seed) | CPU | reused |",
+             "|---|---|---|---|---|---|---|---|"]
+    for (model, arm), by_seed in sorted(cells.items()):
+        rs = [by_seed[s] for s in sorted(by_seed)]
+        accs = [100 * r["test"] for r in rs]
+        acc = (f"{stats.interval(accs)[0]:.1f} [{stats.interval(accs)[1]:.1f}, {stats.interval(accs)[2]:.1f}]"
+               if len(accs) > 1 else f"{accs[0]:.1f}")
+        epochs = " / ".join(str(r["spt_epochs_run"]) for r in rs) if rs[0]["spt_epochs_run"] else "–"
+        lines.append(f"| {model} {arm} | {len(rs)} | {', '.join(str(s) for s in sorted(by_seed))} | {acc} | "
+                     f"{statistics.fmean(100 * r['best_val'] for r in rs):.1f} | {epochs} | "
+                     f"{', '.join(sorted({r['cpu'] for r in rs}))} | {sum(r['reused'] for r in rs)} |")
+    header = ["| contrast | n | per seed (points) | mean [95 % interval] | t | p | detectable at 80 % power | "
+              "McNemar p per seed |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "Primary contrasts (paired t, two-sided; Holm over the four):", ""] + header
+    lines += contrast_rows(cells, PRIMARY, stats, adjust=True)
+    lines += ["", "Secondary contrasts (descriptive, unadjusted):", ""] + header
+    lines += contrast_rows(cells, SECONDARY, stats, adjust=False)
+    attention = attention_rows(cells)
+    if attention:
+        n_layers = attention[0].count("uniform")
+        lines += ["", "Mean attention distance Σ_j a_ij |i − j| on the validation inputs (tools/attention_offsets.py), "
+                  "mean over heads, then seeds:", "",
+                  "| arm | checkpoint | n | " + " | ".join(f"layer {i + 1}" for i in range(n_layers)) + " |",
+                  "|---" * (3 + n_layers) + "|"] + attention
+    return lines + [""]
 
 
 def main(argv=None):
