@@ -389,3 +389,30 @@ def test_the_why_spt_driver_runs_a_miniature_cell_b_keeping_the_transformers_che
         assert set(json.loads((folder / "attention.json").read_text())["checkpoints"]) == {"spt.pt", "best.pt"}
         assert json.loads((folder / "config.json").read_text())["machine"]["cpu"]
     assert why.main(argv) == 0 and sorted((tmp_path / "why").glob("listops-*")) == runs, "a second call reruns nothing"
+
+
+def test_the_why_spt_tables_pair_arms_by_seed_and_adjust_the_primary_contrasts(tmp_path):
+    why, study = script("why_spt"), tmp_path / "why_spt"
+    args = type("Args", (), dict(setting=["--preset", "tiny"], data_dir="d", cache_dir="c", out=study))
+    accs = {"tfs-sin": [0.60, 0.61, 0.62], "spt-sin": [0.64, 0.66, 0.65], "tfs-rot": [0.60, 0.60, 0.60],
+            "spt-rot": [0.60, 0.61, 0.60]}
+    for arm, by_seed in accs.items():
+        for seed, acc in enumerate(by_seed):
+            name = f"text-transformer-{arm}-s{seed}-x"
+            fake_run(study, name, acc, seed, "masked" if arm.startswith("spt") else None, 12)
+            config = json.loads((study / name / "config.json").read_text())
+            config.update(command=why.command("transformer", seed, why.arms(9)["a"]["transformer"][arm], args),
+                          machine=dict(cpu="AMD EPYC"))
+            (study / name / "config.json").write_text(json.dumps(config))
+    script("summarize").main(["--runs", str(study), "--out", str(tmp_path / "out")])
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    cell = rows_of(summary, "transformer spt-sin")[0]
+    assert cell[:3] == ["3", "0, 1, 2", "65.0 [62.5, 67.5]"] and cell[-2:] == ["AMD EPYC", "0"], cell
+    c1, c2, c3 = (rows_of(summary, name)[0] for name in ("C1 sinusoidal: SPT − TFS",
+                                                         "C2 position × SPT: (SPT − TFS) sinusoidal − (SPT − TFS) rotary",
+                                                         "C3 rotary: converged SPT − TFS"))
+    assert c1[:3] == ["3", "+4.0 / +5.0 / +3.0", "+4.0 [+1.5, +6.5]"], c1     # 4 ± 4.3027 · 1 / √3
+    assert c2[:2] == ["3", "+4.0 / +4.0 / +3.0"] and c3[:2] == ["0", "–"], (c2, c3)
+    stats = script("stats")
+    p1, p2 = stats.paired_test([4.0, 5.0, 3.0])[1], stats.paired_test([4.0, 4.0, 3.0])[1]
+    assert c1[4] == f"{p1:.3g} (Holm {stats.holm([p1, p2])[0]:.3g})", c1  # Holm over the two that ran
