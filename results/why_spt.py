@@ -359,7 +359,8 @@ def section(folder, runs, stats):
                      f"{', '.join(sorted({r['cpu'] for r in rs}))} | {sum(r['reused'] for r in rs)} |")
     header = ["| contrast | n | per seed (points) | mean [95 % interval] | t | p | detectable at 80 % power | "
               "McNemar p per seed |", "|---|---|---|---|---|---|---|---|"]
-    lines += ["", "Primary contrasts (paired t, two-sided; Holm over the four, over those with runs while some lack them):", ""] + header
+    lines += ["", "Primary contrasts (paired t, two-sided; Holm over the four, or over those with runs while some "
+              "lack them):", ""] + header
     lines += contrast_rows(cells, PRIMARY, stats, adjust=True)
     lines += ["", "Secondary contrasts (descriptive, unadjusted):", ""] + header
     lines += contrast_rows(cells, SECONDARY, stats, adjust=False)

@@ -44,7 +44,8 @@ def uniform_attention(lengths, L, causal=False):
 
 def uniform_distance(n, causal=False):
     """The mean of |i − j| over the queries of one sequence of n real tokens under uniform attention, in closed form:
-    bidirectional (1/n²) Σ_i Σ_j |i − j| = (n² − 1) / (3n); causal (1/n) Σ_i (1/(i+1)) Σ_{j ≤ i} (i − j) = (n − 1) / 4."""
+    bidirectional (1/n²) Σ_i Σ_j |i − j| = (n² − 1) / (3n); causal (1/n) Σ_i (1/(i+1)) Σ_{j ≤ i} (i − j)
+    = (n − 1) / 4."""
     return (n - 1) / 4 if causal else (n * n - 1) / (3 * n)
 
 
@@ -179,7 +180,8 @@ def plot(results, path):
     for ax, layer, i in zip(axes, first["layers"], range(n_layers)):
         uniform = layer["uniform_mass_by_offset"]
         ax.loglog(range(1, len(uniform)), uniform[1:], ":", color="k", label="uniform")
-        ax.set(title=f"layer {i + 1}: attention mass by offset", xlabel="offset |i − j|", ylabel="mass (mean of heads)")
+        ax.set(title=f"layer {i + 1}: attention mass by offset", xlabel="offset |i − j|",
+               ylabel="mass (mean of heads)")
     axes[-1].set(title="layer 1, position code alone", xlabel="offset |i − j|", ylabel="mean score q·k/√hs")
     axes[0].legend(fontsize=6)
     fig.tight_layout()
