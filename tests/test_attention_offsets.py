@@ -89,3 +89,10 @@ def test_a_run_folder_gives_attention_json_for_spt_and_best(tmp_path):
             assert all(0 <= d <= c["length"] for d in layer["mean_distance"])
             assert math.isclose(sum(map(sum, layer["mass_by_offset"])), len(layer["mean_distance"]), rel_tol=1e-9)
     assert (tmp_path / "cell.png").stat().st_size > 1000
+
+
+def test_the_tool_leaves_autograd_on_for_whoever_runs_next(tmp_path):
+    generate_listops(tmp_path, 200, 40, 40, min_length=30, max_length=200)
+    _, run_dir = run(tmp_path, tmp_path / "runs", "--model", "transformer", "--task", "listops", "--epochs", "1")
+    ao.main([str(run_dir)])
+    assert torch.is_grad_enabled(), "the tool switched autograd off for the rest of the process"

@@ -196,7 +196,6 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=16, help="validation examples a batch")
     p.add_argument("--plot", default=None, help="a .png of all the runs' profiles")
     args = p.parse_args(argv)
-    torch.set_grad_enabled(False)
     results = [analyse_run(folder, args.max_examples, args.batch_size) for folder in args.runs]
     for r in results:
         print("\n".join(summary_lines(r)))
