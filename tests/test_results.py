@@ -277,7 +277,8 @@ def control_run(model, seed, kind, ft_steps, test, predictions, spt_steps=0):
                 recipe="", setting="s", base="L ≤ 512 · D64x2", spt_steps=spt_steps, ft_steps=ft_steps,
                 n_train=4000, chance=0.5, curve=[(ft_steps, 0.6)], test=test, best_val=0.6, params=1,
                 seconds=60.0, spt_seconds=0.0, git="abc", torch="2", device="cpu", command="python train.py",
-                kernels=None, spt_loss=None, spt_best=None, speed=None, best_epoch=2, last_epoch=2 + (kind == "SPT"),
+                kernels=None, spt_loss=(2.0, 1.5) if kind == "SPT" else None,   # an SPT run's val loss: first, last
+                spt_best=1.5 if kind == "SPT" else None, speed=None, best_epoch=2, last_epoch=2 + (kind == "SPT"),
                 predictions=dict(labels="0" * 20, index_sha1="x", predictions=predictions))
 
 
@@ -294,6 +295,8 @@ def test_the_control_table_gives_each_pair_of_arms_its_interval_and_mcnemar_test
     assert "0.0039 / 0.0039 / 0.0039 (3 of 3 < 0.05)" in row, row               # 9 vs 0: 2 / 2^9
     assert any(line.startswith("| dlr | 60.0 [60.0, 60.0] (n=3)") for line in lines), lines
     assert any("TFS 3 of 3" in line and "SPT 0 of 3" in line for line in lines), "runs ending at their last eval"
+    assert any("lowest SPT validation loss is at their last SPT epoch (still improving when cut): 3 of 3" in line
+               for line in lines), "SPT phases still improving when pre-training stopped"
 
 
 def test_the_summary_reads_a_log_with_a_line_a_cut_write_left(tmp_path):
