@@ -11,8 +11,8 @@ same train.py flags and ran on this CPU model (the default reproduces its epoch 
 otherwise they run here. The arms of one seed run on one machine: a seed some of whose runs ran on another CPU model
 is left for that machine (named, never mixed). Resumable: a finished run is skipped, a stopped one resumed, one
 stopped before its first evaluation started again, one a train.py holds locked left alone. The Transformer runs keep
-best.pt and spt.pt (with their attention by offset, attention.json: tools/attention_offsets.py); other checkpoints
-are deleted once a run has finished. Each run: nice 19, one thread, --jobs at a time.
+best.pt and spt.pt (with their attention by offset, attention.json: tools/attention_offsets.py; a plot per cell,
+attention_a.png and attention_b.png); other checkpoints are deleted once a run has finished. Each run: nice 19, one thread, --jobs at a time.
     python results/why_spt.py --dry-run          # the plan: what would run, resume, be reused or left
     python results/why_spt.py --cells a b c      # the study, about 14 h on 2 cores; run again after a stop
     python results/summarize.py                  # its tables in results/summary.md
@@ -204,6 +204,23 @@ def finish(out, nice):
             subprocess.run([sys.executable, "tools/attention_offsets.py", str(folder)], cwd=REPO, check=True,
                            env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(nice),
                            stdout=subprocess.DEVNULL)
+
+
+def plot_cells(out, finetune):
+    """attention_<cell>.png for cells a and b: the attention by offset of every Transformer run of the cell that has
+    attention.json (tools/attention_offsets.plot: one line per run and checkpoint, uniform attention dashed)."""
+    sys.path.insert(0, str(REPO))
+    from tools import attention_offsets
+    by_cell = {}
+    for folder in sorted(Path(out).glob("*")):
+        if (folder / "attention.json").is_file():
+            key = arm_of(json.loads((folder / "config.json").read_text()), finetune, None)
+            cell = next((c for c, by_model in arms(finetune).items() if key and key[1] in by_model.get(key[0], {})),
+                        None)
+            if cell:
+                by_cell.setdefault(cell, []).append(json.loads((folder / "attention.json").read_text()))
+    for cell, results in sorted(by_cell.items()):
+        attention_offsets.plot(results, Path(out) / f"attention_{cell}.png")
 
 
 def run_all(todo, args):
@@ -421,6 +438,7 @@ def main(argv=None):
     if not args.dry_run:
         finish(args.out, args.nice)
         finish(pilot, args.nice)
+        plot_cells(args.out, args.finetune_epochs)
     return 1 if any(codes) else 0
 
 

@@ -391,6 +391,7 @@ def test_the_why_spt_driver_runs_a_miniature_cell_b_keeping_the_transformers_che
         assert results["spt_stopped_early"] or results["spt_epochs"] == 15, results
         assert set(json.loads((folder / "attention.json").read_text())["checkpoints"]) == {"spt.pt", "best.pt"}
         assert json.loads((folder / "config.json").read_text())["machine"]["cpu"]
+    assert (tmp_path / "why" / "attention_b.png").stat().st_size > 1000, "cell b's attention plot"
     assert why.main(argv) == 0 and sorted((tmp_path / "why").glob("listops-*")) == runs, "a second call reruns nothing"
 
 
