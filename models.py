@@ -38,8 +38,8 @@ MODELS = {
 
 # ---- the model knobs: every config field is a flag of train.py, declared once, in its dataclass ----
 
-# set from --task (the input kind) and --causal, never typed
-TASK_FIELDS = {"vocab_size", "d_input", "causal", "bidirectional"}
+# set from --task (the input kind, its longest input: also --max-len's) and --causal, not knobs
+TASK_FIELDS = {"vocab_size", "d_input", "causal", "bidirectional", "max_len"}
 
 
 def field_help(Config):

@@ -374,7 +374,8 @@ def check(args, config_kw, entry):
     except ValueError as e:                  # "d_state=0 must be ...": name the flag that set it
         field = re.match(r"(\w+)=", str(e))
         value = field and config_kw.get(field[1])
-        flag = (f"--{field[1].replace('_', '-')} {value:g}: " if isinstance(value, (int, float))
+        shown = f"{value:g}" if isinstance(value, (int, float)) else value   # as it was typed
+        flag = (f"--{field[1].replace('_', '-')} {shown}: " if isinstance(value, (int, float, str))
                 and not isinstance(value, bool) else "")
         raise ValueError(f"{flag}{args.model} model: {e} (set by its flags or the preset)") from None
 
