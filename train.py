@@ -64,7 +64,10 @@ def parse_flags(argv):
     flag("--preset", choices=["tiny", "small", "paper"], default=None, help="default: paper on "
          "CUDA, else tiny")
     flag("--epochs", type=at_least(1), default=None, help="fine-tuning epochs")
-    flag("--pretrain-epochs", type=at_least(1), default=None, help="SPT epochs")
+    flag("--pretrain-epochs", type=at_least(1), default=None, help="SPT epochs (with "
+         "--pretrain-patience: the most)")
+    flag("--pretrain-patience", type=count, default=0, help="stop SPT after this many evaluations "
+         "without a lower val loss (0: never)")
     flag("--eval-every", type=at_least(1), default=1, help="evaluate every k epochs, and last")
     flag("--max-steps", type=count, default=0, help="at most this many steps a phase (0: all)")
     flag("--batch-size", type=at_least(1), default=None, help="fine-tuning batch (all processes)")
@@ -124,13 +127,16 @@ class Phase(NamedTuple):
                                 # corruption (SPT) or the labels (heads.classifier_batch)
     loss: Callable              # (model, batch, rows, scale) -> (loss, statistics)
     metrics: Callable           # summed statistics -> {"loss": ..., "acc": ...}
+    patience: int = 0           # stop after this many evaluations without improvement (0: never)
 
 
 def run_phase(phase, model, run, splits, resume=None):
     """Train phase.epochs epochs; after every --eval-every-th epoch and the last, evaluate on val
     and write the best checkpoint so far (phase.best_file) and last.pt, the state to continue
     from. run: runs.Run; resume: a last.pt of this phase, continued exactly as if never stopped.
-    Returns {"metric", "best", "epoch", "val", "steps", "seconds"}."""
+    With phase.patience K > 0 the phase ends early once K evaluations in a row have not beaten the
+    best (early stopping; the count is read from the best's epoch, so a resumed run keeps it).
+    Returns {"metric", "best", "epoch", "val", "steps", "seconds", "last_epoch", "stopped_early"}."""
     args, start, (rank, world) = run.args, time.time(), steps.rank_and_world()
     state = steps.Training(model, phase, args, run.device, len(splits["train"]))
     if world > 1:
@@ -155,10 +161,13 @@ def run_phase(phase, model, run, splits, resume=None):
                            order=state.gens["order"])
     val_batches = steps.loader(splits["val"], phase.batch_size, args, run.device)
     score = (lambda r: -r["loss"]) if phase.select == "loss" else (lambda r: r["acc"])  # noqa: E731
-    since_eval = {}                                         # training statistics since the last one
+    since_eval, last, stale = {}, done, 0                   # training statistics since the last eval
     for epoch in range(done + 1, phase.epochs + 1):
-        if state.step >= state.total:
+        # evaluations after the best one: every --eval-every-th epoch (the last is never before this)
+        stale = sum(1 for e in range(best["epoch"] + 1, epoch) if e % args.eval_every == 0)
+        if state.step >= state.total or 0 < phase.patience <= stale:
             break
+        last = epoch
         if rank > 0:            # own dropout masks per process; rank 0's RNG is the one saved
             torch.manual_seed(args.seed + 1000 * rank + epoch)
         train = train_epoch(state, batches, f"{phase.name} {epoch}/{phase.epochs}")
@@ -180,10 +189,15 @@ def run_phase(phase, model, run, splits, resume=None):
                      "best": best, "seconds": seconds, "log": entry}
             runs.save_evaluation(run.folder, phase.best_file if improved else None, saved)
         since_eval = {}
+    stopped = 0 < phase.patience <= stale
+    if stopped:
+        log(run.folder, f"{phase.name}: stopped after epoch {last}/{phase.epochs}: "
+            f"{best['name']} not better than epoch {best['epoch']}'s for {stale} evaluations")
     if world > 1:
         dist.barrier()                                      # the others read spt.pt / best.pt next
     return {"metric": best["name"], "best": best["value"], "epoch": best["epoch"],
-            "val": best["val"], "steps": state.step, "seconds": before + time.time() - start}
+            "val": best["val"], "steps": state.step, "seconds": before + time.time() - start,
+            "last_epoch": last, "stopped_early": stopped}
 
 
 def train_epoch(state, batches, desc):
@@ -251,7 +265,8 @@ def pretrain(run, splits, resume):
     inputs = partial(heads.clean_batch, task=args.task, device=run.device)
     phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size,
                   args.pretrain_accum_steps, "spt.pt", "loss", inputs,
-                  objective.bound("prepare", flags), objective.loss, objective.metrics)
+                  objective.bound("prepare", flags), objective.loss, objective.metrics,
+                  args.pretrain_patience)
     return run_phase(phase, build_model(spt.meta).to(run.device), spt, splits, resume)
 
 
@@ -311,7 +326,8 @@ def run_both_phases(run, classifier, splits, resume, init_ck):
                        **spt["val"]}
     return {"test_acc": result["acc"], "test_loss": result["loss"], "best_val_acc": ft["best"],
             "best_epoch": ft["epoch"], "spt_val_metric": spt_val, "wall_time_s": seconds,
-            "spt_objective": {k: getattr(args, k) for k in knobs} if args.spt else None}
+            "spt_objective": {k: getattr(args, k) for k in knobs} if args.spt else None,
+            "spt_epochs": spt and spt["last_epoch"], "spt_stopped_early": spt and spt["stopped_early"]}
 
 
 # ---- the steps of main() -----------------------------------------------------------------------
@@ -350,7 +366,8 @@ def unused_flag_notes(args, given):
         return ", ".join("--" + k.replace("_", "-") for k in sorted(keys))
     notes, objective = [], OBJECTIVES[args.objective]
     spt_only = given & {"objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size",
-                        "pretrain_accum_steps", *(n for o in OBJECTIVES.values() for n in o.flags)}
+                        "pretrain_accum_steps", "pretrain_patience",
+                        *(n for o in OBJECTIVES.values() for n in o.flags)}
     other_objective = given & {n for o in OBJECTIVES.values() for n in o.flags} - set(objective.flags)
     if spt_only and not args.spt:
         notes.append(f"note: {named(spt_only)} only act{'s' * (len(spt_only) == 1)} with --spt: "
