@@ -250,6 +250,10 @@ def load(task, split, files="data", *, keep=None, data_fraction=1.0, lra_val=Fal
                         f"there (or generate more)")
     # the fraction: of train only
     n = max(1, round((data_fraction if split == "train" else 1.0) * len(index)))
+    if keep and keep > n:                # e.g. --max-eval 8 on a split of 2: say so, use them all
+        notes = notes + [f"at most {keep:,} {split} examples asked for (--max-"
+                         f"{'train' if split == 'train' else 'eval'}), but the {split} split has "
+                         f"{plural(n, 'example')}: all of them used"]
     n = min(keep or n, n)
     if n < len(index):  # a prefix of one fixed permutation: fractions and caps nest
         perm = torch.randperm(len(index), generator=torch.Generator().manual_seed(0)).numpy()

@@ -255,13 +255,19 @@ def startup_lines(args, plan, notes, data, classifier, meta):
     return [*notes, f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
             f"device {args.device}{extras} | torch {torch.__version__} | {where['cpu']} | "
             f"threads {where['torch_threads']} | git {git_commit()}",
-            "settings: " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
+            "settings: " + " ".join(f"{k}={v}" for k, v in effective_settings(args, meta).items()),
             f"data: {data.source} | {sizes} | {data.seconds:.1f} s",
             *(f"data note: {n}" for n in data.notes),
             f"model {meta['model_name']}"
             f"({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
             f"params: backbone {n_backbone:,} + classifier head {n_head:,} = "
             f"{n_backbone + n_head:,}"]
+
+
+def effective_settings(args, meta):
+    """The settings as the run uses them: --ssm-lr left unset shows the model config's value (what
+    the optimiser's SSM group gets), not None."""
+    return {**vars(args), "ssm_lr": meta["config"].get("ssm_lr", args.ssm_lr)}
 
 
 def run_meta(meta, args, argv, data, device):

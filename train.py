@@ -48,7 +48,8 @@ def parse_flags(argv):
     """The command line -> (args, the flags typed on it, even at their default value, every flag's
     default). A value out of range stops here in one line (its type checks it); a None default is
     the preset's."""
-    p = argparse.ArgumentParser(description="Self pre-training (SPT) and fine-tuning on the LRA.")
+    p = argparse.ArgumentParser(description="Self pre-training (SPT) and fine-tuning on the LRA.",
+                                formatter_class=presets.FlagHelp, epilog=presets.EPILOG)
     flag, count, rate = p.add_argument, at_least(0), in_range(0, math.inf, open_low=True)
     flag("--model", choices=MODELS, default="dlr", help=", ".join(MODELS))
     flag("--task", choices=lra_data.TASKS, default="pathfinder", help=", ".join(lra_data.TASKS))
@@ -72,7 +73,8 @@ def parse_flags(argv):
     flag("--pretrain-accum-steps", type=at_least(1), default=None, help="SPT micro-batches")
     flag("--lr", type=rate, default=None, help="fine-tuning learning rate")
     flag("--pretrain-lr", type=rate, default=None, help="SPT learning rate")
-    flag("--ssm-lr", type=rate, default=None, help="lr of the SSM parameters (config's)")
+    flag("--ssm-lr", type=rate, default=None, help="lr of the SSM parameters (default: the model's, "
+         "S4 1e-3, DLR 1e-4)")
     flag("--weight-decay", type=in_range(0, math.inf), default=None, help="AdamW weight decay")
     flag("--warmup", type=count, default=None, help="linear warm-up steps")
     flag("--schedule", choices=["constant", "cosine"], default="constant", help="after warm-up")
@@ -89,10 +91,10 @@ def parse_flags(argv):
          default=None, help="examples to make if absent (0: never)")
     flag("--data-fraction", type=in_range(0, 1, open_low=True), default=1.0, help="of train")
     flag("--lra-val", action="store_true", help="text, image: validate on test, as LRA did")
-    flag("--max-len", type=at_least(2), default=None, help="text, retrieval: cut documents")
+    flag("--max-len", type=at_least(2), default=None, help="text, retrieval: cut documents (default: no cut)")
     flag("--max-train", type=count, default=None, help="at most this many train examples")
     flag("--max-eval", type=count, default=None, help="at most this many val / test examples")
-    flag("--workers", type=count, default=None, help="DataLoader workers (CPU 0, CUDA 8)")
+    flag("--workers", type=count, default=None, help="DataLoader workers (default: CPU 0, CUDA 8)")
     flag("--seed", type=int, default=0, help="model init; batch order seed+1, masks seed+2")
     flag("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if there)")
     flag("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None,

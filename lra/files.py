@@ -35,12 +35,14 @@ tqdm.monitor_interval = 0      # no tqdm monitor thread: a process that runs no 
 PARENT = {"pid": None}          # a pool worker's parent: if it dies (SIGKILL, the OOM killer), the worker stops
 
 
-def worker_pool(workers):
+def worker_pool(workers, progress=None):
     """A multiprocessing.Pool of `workers` processes that know their parent's pid (start_worker). Forked when this
     process runs no other thread (fast: nothing is imported again), spawned otherwise: a fork copies the locks other
-    threads hold (pytest-xdist's, tqdm's monitor) but not the threads, so a child can wait on one forever."""
+    threads hold (pytest-xdist's, tqdm's monitor) but not the threads, so a child can wait on one forever.
+    progress: a shared counter (the context's Value) the workers add their finished items to (tick)."""
     alone = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if alone else "spawn").Pool(workers, start_worker, (os.getpid(),))
+    return multiprocessing.get_context("fork" if alone else "spawn").Pool(workers, start_worker,
+                                                                          (os.getpid(), progress))
 
 
 def orphaned():
@@ -48,10 +50,21 @@ def orphaned():
     return PARENT["pid"] is not None and os.getppid() != PARENT["pid"]
 
 
-def start_worker(parent):
-    """A pool worker's initializer: Ctrl-C is the parent's (it stops the pool), and the parent's pid is kept."""
+def start_worker(parent, progress=None):
+    """A pool worker's initializer: Ctrl-C is the parent's (it stops the pool); SIGTERM, which the pool sends its
+    workers when it closes, ends the worker quietly (a forked worker inherits the parent's stop handler, and its
+    KeyboardInterrupt printed a traceback at the end of every run that had generated data); the parent's pid and
+    the progress counter are kept."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    PARENT["pid"] = parent
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    PARENT["pid"], PARENT["progress"] = parent, progress
+
+
+def tick(n=1):
+    """In a pool worker: add n finished items to the pool's progress counter (if it has one)."""
+    if PARENT.get("progress") is not None:
+        with PARENT["progress"].get_lock():
+            PARENT["progress"].value += n
 
 
 # ----------------------------------------------------------------------------- folders our generators write
