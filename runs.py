@@ -80,14 +80,20 @@ def write_whole(path, write):
         raise
 
 
+RECORD_HOOKS = []   # called after each record reaches log.jsonl (tools/loggers.py: TensorBoard, wandb)
+
+
 def log(folder, line, record=None):
-    """Print one line; rank 0 also appends it to folder/log.txt (`record` to log.jsonl) once set."""
+    """Print one line; rank 0 also appends it to folder/log.txt (`record` to log.jsonl, then
+    RECORD_HOOKS run) once set."""
     print(line, flush=True)
     if folder is None or rank() > 0:
         return
     append_line(folder / "log.txt", line)
     if record is not None:
         append_line(folder / "log.jsonl", json.dumps(record))
+        for hook in RECORD_HOOKS:
+            hook()
 
 
 def append_line(path, text):

@@ -40,6 +40,7 @@ from models import MODELS, build_model, load_model  # noqa: E402, F401  (load_mo
 from objectives import OBJECTIVES  # noqa: E402
 from presets import at_least, in_range  # noqa: E402
 from runs import fail, log  # noqa: E402
+from tools import loggers  # noqa: E402
 
 
 # ---- every flag, once ------------------------------------------------------------------------
@@ -104,6 +105,7 @@ def parse_flags(argv):
     flag("--out", default="runs", help="parent folder of the run folder")
     flag("--init-from", default=None, help="fine-tune this checkpoint's backbone (an spt.pt)")
     flag("--resume", default=None, help="continue the stopped run in this folder")
+    flag("--log-to", type=loggers.log_to, default=None, help="also log to tensorboard or wandb (optional)")
     p.error = lambda message: fail(f"{presets.flag_message(message)} (python train.py --help lists "
                                    f"the flags)")
     args, defaults, unset = p.parse_args(argv), vars(p.parse_args([])), object()
@@ -379,7 +381,8 @@ def main(argv=None):
         lines.insert(0, f"resuming after {resume['phase']} epoch {resume['epoch']} (step "
                         f"{resume['step']})")
     config = runs.run_meta(meta, args, argv, data, device)       # config.json
-    with runs.run_folder(args, config, lines, lock) as folder:
+    with runs.run_folder(args, config, lines, lock) as folder, \
+            loggers.mirror(args.log_to, folder, config):    # --log-to: log.jsonl's records
         run = runs.Run(args, device, folder, meta)
         log(folder, f"run folder: {folder}")
         with runs.stopped_in(folder):               # a stop: one line, the --resume command
