@@ -331,11 +331,13 @@ def write_predictions(folder, split, predicted):
     write_whole(folder / "test_predictions.json", lambda tmp: tmp.write_text(text + "\n"))
 
 
-def write_results(folder, results):
-    """results.json (rank 0) and the last log line."""
+def write_results(folder, results, then=None):
+    """results.json (rank 0), then(folder) on rank 0 (train.py: the curves), and the last log line."""
     if rank() == 0:
         write_whole(folder / "results.json",
                     lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
+        if then is not None:
+            then(folder)
     seconds = results["wall_time_s"]
     phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
     log(folder, f"done in {seconds['total'] / 60:.1f} min ({phases}): {folder}",

@@ -40,7 +40,7 @@ from models import MODELS, build_model, load_model  # noqa: E402, F401  (load_mo
 from objectives import OBJECTIVES  # noqa: E402
 from presets import at_least, in_range  # noqa: E402
 from runs import fail, log  # noqa: E402
-from tools import loggers  # noqa: E402
+from tools import curves, loggers  # noqa: E402
 
 
 # ---- every flag, once ------------------------------------------------------------------------
@@ -105,6 +105,7 @@ def parse_flags(argv):
     flag("--out", default="runs", help="parent folder of the run folder")
     flag("--init-from", default=None, help="fine-tune this checkpoint's backbone (an spt.pt)")
     flag("--resume", default=None, help="continue the stopped run in this folder")
+    flag("--no-curves", action="store_true", help="no curves.png at the end (tools/curves.py)")
     flag("--log-to", type=loggers.log_to, default=None, help="also log to tensorboard or wandb (optional)")
     p.error = lambda message: fail(f"{presets.flag_message(message)} (python train.py --help lists "
                                    f"the flags)")
@@ -393,7 +394,8 @@ def main(argv=None):
                        processes=world, machine=runs.machine(device), run_dir=str(folder))
         seconds = {"data": data.seconds, **results["wall_time_s"]}
         results["wall_time_s"] = {**seconds, "total": sum(seconds.values())}   # all the phases
-        runs.write_results(folder, results)
+        runs.write_results(folder, results, None if args.no_curves else
+                           partial(curves.after_run, log=partial(log, folder)))   # curves.png
     if world > 1:   # free the DDP wrappers (reference cycles) first: else gloo threads can outlive
         gc.collect()    # the group and abort the exit (SIGABRT)
         dist.destroy_process_group()
