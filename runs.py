@@ -31,6 +31,7 @@ try:
     import fcntl  # POSIX file locks; absent on Windows
 except ImportError:
     fcntl = None
+RECORD_HOOKS = []   # called after each record reaches log.jsonl (tools/loggers.py: TensorBoard, wandb)
 
 def rank():
     """This process's rank under torchrun (0 without DDP): only rank 0 writes the run folder."""
@@ -80,12 +81,8 @@ def write_whole(path, write):
         raise
 
 
-RECORD_HOOKS = []   # called after each record reaches log.jsonl (tools/loggers.py: TensorBoard, wandb)
-
-
 def log(folder, line, record=None):
-    """Print one line; rank 0 also appends it to folder/log.txt (`record` to log.jsonl, then
-    RECORD_HOOKS run) once set."""
+    """Print one line; rank 0 also appends it to folder/log.txt (`record` to log.jsonl, RECORD_HOOKS)."""
     print(line, flush=True)
     if folder is None or rank() > 0:
         return
@@ -255,25 +252,19 @@ def startup_lines(args, plan, notes, data, classifier, meta):
               + (" + torch.compile" if args.compile else ""))
     n_backbone = sum(p.numel() for p in classifier.backbone.parameters())
     n_head = sum(p.numel() for p in classifier.head.parameters())
-    sizes = " / ".join(f"{split} {len(data.splits[split]):,}"
-                       for split in ("train", "val", "test"))
+    sizes = " / ".join(f"{split} {len(data.splits[split]):,}" for split in ("train", "val", "test"))
+    settings = {**vars(args), "ssm_lr": meta["config"].get("ssm_lr", args.ssm_lr)}   # the lr in use
     where = machine(args.device)
     return [*notes, f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
             f"device {args.device}{extras} | torch {torch.__version__} | {where['cpu']} | "
             f"threads {where['torch_threads']} | git {git_commit()}",
-            "settings: " + " ".join(f"{k}={v}" for k, v in effective_settings(args, meta).items()),
+            "settings: " + " ".join(f"{k}={v}" for k, v in settings.items()),
             f"data: {data.source} | {sizes} | {data.seconds:.1f} s",
             *(f"data note: {n}" for n in data.notes),
             f"model {meta['model_name']}"
             f"({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
             f"params: backbone {n_backbone:,} + classifier head {n_head:,} = "
             f"{n_backbone + n_head:,}"]
-
-
-def effective_settings(args, meta):
-    """The settings as the run uses them: --ssm-lr left unset shows the model config's value (what
-    the optimiser's SSM group gets), not None."""
-    return {**vars(args), "ssm_lr": meta["config"].get("ssm_lr", args.ssm_lr)}
 
 
 def run_meta(meta, args, argv, data, device):
@@ -315,8 +306,7 @@ def write_predictions(folder, split, predicted):
     if dist.is_initialized():                       # each process scored its rows of every batch
         parts = [None] * dist.get_world_size()
         dist.all_gather_object(parts, [p.cpu() for p in predicted])
-        # batch by batch, rank by rank: in order
-        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])
+        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])  # batch by batch, rank by rank
     labels = [int(y) for y in split.labels]
     if rank() > 0:
         return
@@ -326,18 +316,14 @@ def write_predictions(folder, split, predicted):
         return
     index = hashlib.sha1(",".join(map(str, map(int, split.index))).encode()).hexdigest()
     text = json.dumps({"split": "test", "n": len(labels), "index_sha1": index,
-                       "labels": "".join(map(str, labels)),
-                       "predictions": "".join(map(str, rows.tolist()))})
+                       "labels": "".join(map(str, labels)), "predictions": "".join(map(str, rows.tolist()))})
     write_whole(folder / "test_predictions.json", lambda tmp: tmp.write_text(text + "\n"))
 
 
-def write_results(folder, results, then=None):
-    """results.json (rank 0), then(folder) on rank 0 (train.py: the curves), and the last log line."""
+def write_results(folder, results):
+    """results.json (rank 0) and the last log line."""
     if rank() == 0:
-        write_whole(folder / "results.json",
-                    lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
-        if then is not None:
-            then(folder)
+        write_whole(folder / "results.json", lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
     seconds = results["wall_time_s"]
     phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
     log(folder, f"done in {seconds['total'] / 60:.1f} min ({phases}): {folder}",

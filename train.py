@@ -394,8 +394,9 @@ def main(argv=None):
                        processes=world, machine=runs.machine(device), run_dir=str(folder))
         seconds = {"data": data.seconds, **results["wall_time_s"]}
         results["wall_time_s"] = {**seconds, "total": sum(seconds.values())}   # all the phases
-        runs.write_results(folder, results, None if args.no_curves else
-                           partial(curves.after_run, log=partial(log, folder)))   # curves.png
+        runs.write_results(folder, results)
+        if not args.no_curves and runs.rank() == 0:
+            curves.after_run(folder, partial(log, folder))            # curves.png
     if world > 1:   # free the DDP wrappers (reference cycles) first: else gloo threads can outlive
         gc.collect()    # the group and abort the exit (SIGABRT)
         dist.destroy_process_group()

@@ -67,6 +67,24 @@ def tick(n=1):
             PARENT["progress"].value += n
 
 
+def run_jobs(work, jobs, workers, bar):
+    """work(job, on_item=...) for each job: in `workers` pool processes when there are several jobs, else here; `bar`
+    (a tqdm) advances per finished item, counted across the processes (work calls on_item(1), default tick). A
+    worker's error is raised here."""
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            work(job, on_item=bar.update)
+        return
+    done = multiprocessing.Value("q", 0)                     # items finished by all workers
+    with worker_pool(workers, done) as pool:
+        pending = pool.map_async(work, jobs)
+        while not pending.ready():
+            pending.wait(0.5)
+            bar.update(done.value - bar.n)
+        pending.get()
+        bar.update(done.value - bar.n)
+
+
 # ----------------------------------------------------------------------------- folders our generators write
 
 GENERATED_MARK = "generated_by_lra_data.txt"   # written first into every folder our generators fill

@@ -84,7 +84,11 @@ def after_run(folder, log):
         log("note: no curves.png: matplotlib is not installed (pip install matplotlib; then python "
             f"tools/curves.py {folder})")
         return
-    draw([folder], Path(folder) / "curves.png", plt)
+    try:
+        draw([folder], Path(folder) / "curves.png", plt)
+    except (KeyboardInterrupt, Exception) as e:        # the run is saved already: a figure is no reason
+        log(f"note: no curves.png ({type(e).__name__}: {e}); python tools/curves.py {folder} draws it")
+        return
     log(f"curves: {Path(folder) / 'curves.png'}")
 
 
