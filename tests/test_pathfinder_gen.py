@@ -199,3 +199,19 @@ def test_progress_bar_counts_every_image_and_moves_per_image_within_a_batch(tmp_
     assert sum(updates) == 12, updates
     if workers == 1:                         # one batch of 12 images (PathX's 800 were one step of the bar)
         assert updates == [1] * 12, updates
+
+
+def test_the_tiny_presets_spt_loss_stops_at_the_grey_level_entropy_of_the_images(tmp_path):
+    # README's quick start: its SPT val loss 1.9816 nats per masked pixel is the loss of predicting each masked pixel
+    # from the images' grey-level histogram alone (no context): the tiny model learned that histogram only
+    import json
+    from pathlib import Path
+    out = generate_pathfinder(tmp_path, n=200, workers=1)
+    counts = np.bincount(np.concatenate([np.asarray(Image.open(p)).ravel() for p in out.rglob("*.png")]),
+                         minlength=256)
+    p = counts[counts > 0] / counts.sum()
+    entropy = float(-(p * np.log(p)).sum())                       # nats
+    run = Path(__file__).resolve().parents[1] / "results" / "runs" / "pathfinder-dlr-spt-s0-20261202-164336"
+    spt = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()
+           if json.loads(line).get("phase") == "spt"][-1]
+    assert abs(entropy - 1.98) < 0.03 and abs(spt["val_loss"] - entropy) < 0.04, (entropy, spt["val_loss"])
