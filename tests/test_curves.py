@@ -12,7 +12,7 @@ from conftest import TINY, records
 from lra.listops import generate_listops
 from tools import curves
 
-pytest.importorskip("matplotlib", reason="the curves need it: pip install matplotlib")
+NEEDS = "the curves need it: pip install matplotlib"
 DRAW = [f for f in TINY if f != "--no-curves"]
 FLAGS = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "2", "--epochs", "3"]
 
@@ -31,6 +31,7 @@ def tiny_run(data_dir, out, *flags):
 
 
 def test_a_runs_curves_png_holds_exactly_its_logged_evaluations(data_dir, tmp_path):
+    pytest.importorskip("matplotlib", reason=NEEDS)
     run_dir = tiny_run(data_dir, tmp_path, *FLAGS)
     png = run_dir / "curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"curves: {png}" in (run_dir / "log.txt").read_text()
@@ -49,6 +50,7 @@ def test_a_runs_curves_png_holds_exactly_its_logged_evaluations(data_dir, tmp_pa
 
 
 def test_two_runs_overlay_in_one_figure_from_the_command_line(data_dir, tmp_path):
+    pytest.importorskip("matplotlib", reason=NEEDS)
     a = tiny_run(data_dir, tmp_path / "a", "--model", "dlr", "--task", "listops", "--epochs", "2", "--no-curves")
     b = tiny_run(data_dir, tmp_path / "b", "--model", "s4", "--task", "listops", "--epochs", "2", "--no-curves")
     held = curves.draw([a, b], tmp_path / "both.png", curves.pyplot())

@@ -14,7 +14,6 @@ from conftest import records, run
 from lra.listops import generate_listops
 from tools import loggers
 
-pytest.importorskip("tensorboard", reason="--log-to tensorboard needs it: pip install tensorboard")
 FLAGS = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "2", "--epochs", "2"]
 
 
@@ -54,6 +53,7 @@ def assert_same_points(run_dir):
 
 
 def test_tensorboard_events_hold_every_record_of_log_jsonl_at_its_step(data_dir, tmp_path):
+    pytest.importorskip("tensorboard", reason="--log-to tensorboard needs it: pip install tensorboard")
     _, run_dir = run(data_dir, tmp_path, *FLAGS, "--log-to", "tensorboard")
     assert_same_points(run_dir)
     tags = tensorboard_scalars(run_dir)
@@ -62,6 +62,7 @@ def test_tensorboard_events_hold_every_record_of_log_jsonl_at_its_step(data_dir,
 
 
 def test_a_stopped_and_resumed_run_continues_the_same_tensorboard_curves(data_dir, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tensorboard", reason="--log-to tensorboard needs it: pip install tensorboard")
     calls, step = [], steps.guard_step
 
     def killed(*a):                          # a Ctrl-C in fine-tuning epoch 2, after SPT's two evaluations
