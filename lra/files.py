@@ -40,9 +40,14 @@ def worker_pool(workers, progress=None):
     process runs no other thread (fast: nothing is imported again), spawned otherwise: a fork copies the locks other
     threads hold (pytest-xdist's, tqdm's monitor) but not the threads, so a child can wait on one forever.
     progress: a shared counter (the context's Value) the workers add their finished items to (tick)."""
+    return pool_context().Pool(workers, start_worker, (os.getpid(), progress))
+
+
+def pool_context():
+    """worker_pool's multiprocessing context: fork when this process runs no other thread, else spawn (a shared
+    counter for the pool must come from the same context)."""
     alone = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if alone else "spawn").Pool(workers, start_worker,
-                                                                          (os.getpid(), progress))
+    return multiprocessing.get_context("fork" if alone else "spawn")
 
 
 def orphaned():
@@ -75,7 +80,7 @@ def run_jobs(work, jobs, workers, bar):
         for job in jobs:
             work(job, on_item=bar.update)
         return
-    done = multiprocessing.Value("q", 0)                     # items finished by all workers
+    done = pool_context().Value("q", 0)                      # items finished by all workers
     with worker_pool(workers, done) as pool:
         pending = pool.map_async(work, jobs)
         while not pending.ready():
