@@ -5,6 +5,7 @@ one line naming the pip command; under DDP only rank 0 logs."""
 import importlib.util
 import json
 import math
+import time
 
 import pytest
 
@@ -87,8 +88,13 @@ def test_wandb_offline_writes_its_run_folder_with_the_logged_values(data_dir, tm
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     results, run_dir = run(data_dir, tmp_path, *FLAGS, "--log-to", "wandb")
+    import wandb
+    wandb.teardown()                         # wandb's service process writes the file; wait until it is done
     (data,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")     # wandb's own record of the run
-    raw = data.read_bytes()
+    for _ in range(60):
+        if b"test/test_acc" in (raw := data.read_bytes()):
+            break
+        time.sleep(0.5)
     last = [r for r in records(run_dir) if r["phase"] == "finetune"][-1]
     for text in ("spt/val_loss", "finetune/val_acc", "finetune/step", "test/test_acc", json.dumps(last["val_loss"])):
         assert text.encode() in raw, f"{text} is not in {data}"
