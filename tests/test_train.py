@@ -410,7 +410,7 @@ def test_help_shows_a_default_on_every_flag_the_range_of_every_ranged_flag_and_r
     assert len(blocks) > 40, blocks.keys()
     no_default = [k for k, v in blocks.items() if "default" not in v]
     assert not no_default, f"flags whose --help names no default: {no_default}"
-    for name, help_text in (("--lr", "must be > 0"), ("--dropout", "must be in [0, 1)"),
+    for name, help_text in (("--lr", "must be > 0"), ("--data-fraction", "must be in (0, 1]"),
                             ("--max-eval", "must be at least 0"), ("--seed", "default: 0")):
         assert help_text in " ".join(blocks[name].split()), blocks[name]
     examples = [line.split("#")[0].split()[2:] for line in epilog.splitlines()
