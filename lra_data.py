@@ -27,6 +27,7 @@ except ImportError:
     fcntl = None
 
 from lra import cache as lra_cache
+from lra import check as lra_check
 from lra import sources
 from lra.cache import cache_root
 from lra.files import EOS, MASK, N_SPECIAL, PAD, DataError, plural  # noqa: F401  (MASK: heads.py's)
@@ -244,12 +245,17 @@ def load(task, split, files="data", *, keep=None, data_fraction=1.0, lra_val=Fal
     need = len(paths) * TASKS[task].max_len if task in PATHFINDER_TASKS else None  # PathX: 3.3 GB
     sizes, notes = lra_cache.cached(store, src.resolve(), lra_cache.stamp(src, paths), build, need)
     notes = notes + sources.count_note(task, src, sizes, generate, difficulty)
+    notes = notes + lra_check.shortfall_note(task, sizes, src, difficulty)   # a cut download
     part, index = _split(task, split, sizes, lra_val)
     if len(index) == 0:
         raise DataError(f"{task}: the {split} split read from {src} is empty; check the files "
                         f"there (or generate more)")
     # the fraction: of train only
     n = max(1, round((data_fraction if split == "train" else 1.0) * len(index)))
+    if keep and keep > n:                # e.g. --max-eval 8 on a split of 2: say so, use them all
+        notes = notes + [f"at most {keep:,} {split} examples asked for (--max-"
+                         f"{'train' if split == 'train' else 'eval'}), but the {split} split has "
+                         f"{plural(n, 'example')}: all of them used"]
     n = min(keep or n, n)
     if n < len(index):  # a prefix of one fixed permutation: fractions and caps nest
         perm = torch.randperm(len(index), generator=torch.Generator().manual_seed(0)).numpy()
@@ -319,6 +325,9 @@ def main(argv=None):
                    help="text, image: validate on the test set, as LRA did")
     p.add_argument("--speed", action="store_true",
                    help="pathfinder tasks: images/s of the generator")
+    p.add_argument("--check", action="store_true",
+                   help="every task: what --data-dir holds against the LRA release's split sizes, "
+                        "what is missing or misplaced, what to do; exit 0 if all found is complete, else 2")
     p.error = lambda message: (print(f"lra_data.py: error: {message} (python lra_data.py --help "
                                      f"lists the flags)", file=sys.stderr), sys.exit(2))
     args = p.parse_args(argv)
@@ -332,6 +341,8 @@ def main(argv=None):
     if args.speed and args.task not in PATHFINDER_TASKS:
         p.error(f"--speed measures the Pathfinder generator: use it with "
                 f"--task {' / '.join(PATHFINDER_TASKS)}")
+    if args.check:                              # reads only: no cache, nothing generated
+        return lra_check.main(args.data_dir, args.difficulty)
     if args.speed:
         res = TASKS[args.task].side
         contour_length = DIFFICULTIES[args.difficulty].contour_length

@@ -263,7 +263,36 @@ def number(kind, ok, rule):
         if not ok(value):
             raise argparse.ArgumentTypeError(f"{value:g} {rule}")
         return value
+    check.rule = rule                       # --help prints it (FlagHelp)
     return check
+
+
+# the flags whose None default a preset fills in (--help says so)
+PRESET_DECIDES = {"pretrain_batch_size", *cpu_values("tiny", "dlr", "pathfinder")}
+EPILOG = """examples:
+  python train.py --model dlr --task pathfinder --spt --preset tiny   # the quick start: ~1-2 min on a CPU
+  python train.py --model s4 --task text --data-dir data --max-len 512 --spt   # IMDB reviews cut to 511 bytes
+  python train.py --resume runs/RUN_FOLDER                            # continue a stopped run exactly
+data: listops, pathfinder, pathx and pathx256 are generated into --data-dir when their files are absent;
+  text (IMDB aclImdb_v1.tar.gz), image (CIFAR-10 cifar-10-python.tar.gz) and retrieval (lra_release.gz,
+  tsv_data/) need a download: python lra_data.py --check --data-dir DIR says what is there and what is missing
+  (docs/data.md); what a healthy run prints and what a failure means: docs/troubleshooting.md"""
+
+
+class FlagHelp(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help: each flag's help, then its default and, for a flag typed by `number`, its range, read from the
+    type itself (so a new flag shows both without writing them twice); the epilog's lines kept as written."""
+
+    def _get_help_string(self, action):
+        if action.default is argparse.SUPPRESS or not action.option_strings:
+            return action.help
+        text, rule = action.help or "", getattr(action.type, "rule", None)
+        if "default" in text:                       # the help says it already (e.g. "default: the task's")
+            return f"{text} ({rule})" if rule else text
+        preset_decides = action.dest in PRESET_DECIDES
+        default = ("off" if action.default is False and action.nargs == 0 else "%(default)s"
+                   if action.default is not None else "the preset's" if preset_decides else "none")
+        return f"{text} (default: {default}{f'; {rule}' if rule else ''})"
 
 
 def at_least(low):

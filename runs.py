@@ -32,6 +32,7 @@ try:
     import fcntl  # POSIX file locks; absent on Windows
 except ImportError:
     fcntl = None
+RECORD_HOOKS = []   # called after each record reaches log.jsonl (tools/loggers.py: TensorBoard, wandb)
 
 def rank():
     """This process's rank under torchrun (0 without DDP): only rank 0 writes the run folder."""
@@ -74,13 +75,15 @@ def write_whole(path, write):
 
 
 def log(folder, line, record=None):
-    """Print one line; rank 0 also appends it to folder/log.txt (`record` to log.jsonl) once set."""
+    """Print one line; rank 0 also appends it to folder/log.txt (`record` to log.jsonl, RECORD_HOOKS)."""
     print(line, flush=True)
     if folder is None or rank() > 0:
         return
     append_line(folder / "log.txt", line)
     if record is not None:
         append_line(folder / "log.jsonl", json.dumps(record))
+        for hook in RECORD_HOOKS:
+            hook()
 
 
 def append_line(path, text):
@@ -242,13 +245,13 @@ def startup_lines(args, plan, notes, data, classifier, meta):
               + (" + torch.compile" if args.compile else ""))
     n_backbone = sum(p.numel() for p in classifier.backbone.parameters())
     n_head = sum(p.numel() for p in classifier.head.parameters())
-    sizes = " / ".join(f"{split} {len(data.splits[split]):,}"
-                       for split in ("train", "val", "test"))
+    sizes = " / ".join(f"{split} {len(data.splits[split]):,}" for split in ("train", "val", "test"))
+    settings = {**vars(args), "ssm_lr": meta["config"].get("ssm_lr", args.ssm_lr)}   # the lr in use
     where = machine(args.device)
     return [*notes, f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
             f"device {args.device}{extras} | torch {torch.__version__} | {where['cpu']} | "
             f"threads {where['torch_threads']} | git {git_commit()}",
-            "settings: " + " ".join(f"{k}={v}" for k, v in vars(args).items()),
+            "settings: " + " ".join(f"{k}={v}" for k, v in settings.items()),
             f"data: {data.source} | {sizes} | {data.seconds:.1f} s",
             *(f"data note: {n}" for n in data.notes),
             f"model {meta['model_name']}"
@@ -296,8 +299,7 @@ def write_predictions(folder, split, predicted):
     if dist.is_initialized():                       # each process scored its rows of every batch
         parts = [None] * dist.get_world_size()
         dist.all_gather_object(parts, [p.cpu() for p in predicted])
-        # batch by batch, rank by rank: in order
-        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])
+        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])  # batch by batch, rank by rank
     labels = [int(y) for y in split.labels]
     if rank() > 0:
         return
@@ -307,16 +309,14 @@ def write_predictions(folder, split, predicted):
         return
     index = hashlib.sha1(",".join(map(str, map(int, split.index))).encode()).hexdigest()
     text = json.dumps({"split": "test", "n": len(labels), "index_sha1": index,
-                       "labels": "".join(map(str, labels)),
-                       "predictions": "".join(map(str, rows.tolist()))})
+                       "labels": "".join(map(str, labels)), "predictions": "".join(map(str, rows.tolist()))})
     write_whole(folder / "test_predictions.json", lambda tmp: tmp.write_text(text + "\n"))
 
 
 def write_results(folder, results):
     """results.json (rank 0) and the last log line."""
     if rank() == 0:
-        write_whole(folder / "results.json",
-                    lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
+        write_whole(folder / "results.json", lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
     seconds = results["wall_time_s"]
     phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
     log(folder, f"done in {seconds['total'] / 60:.1f} min ({phases}): {folder}",

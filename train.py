@@ -41,6 +41,7 @@ from models import MODELS, build_model, load_model  # noqa: E402, F401  (load_mo
 from objectives import OBJECTIVES  # noqa: E402
 from presets import at_least, in_range  # noqa: E402
 from runs import fail, log  # noqa: E402
+from tools import curves, loggers  # noqa: E402
 
 
 # ---- every flag, once ------------------------------------------------------------------------
@@ -49,7 +50,8 @@ def parse_flags(argv):
     """The command line -> (args, the flags typed on it, even at their default value, every flag's
     default). A value out of range stops here in one line (its type checks it); a None default is
     the preset's."""
-    p = argparse.ArgumentParser(description="Self pre-training (SPT) and fine-tuning on the LRA.")
+    p = argparse.ArgumentParser(description="Self pre-training (SPT) and fine-tuning on the LRA.",
+                                formatter_class=presets.FlagHelp, epilog=presets.EPILOG)
     flag, count, rate = p.add_argument, at_least(0), in_range(0, math.inf, open_low=True)
     flag("--model", choices=MODELS, default="dlr", help=", ".join(MODELS))
     flag("--task", choices=lra_data.TASKS, default="pathfinder", help=", ".join(lra_data.TASKS))
@@ -92,10 +94,10 @@ def parse_flags(argv):
          default=None, help="examples to make if absent (0: never)")
     flag("--data-fraction", type=in_range(0, 1, open_low=True), default=1.0, help="of train")
     flag("--lra-val", action="store_true", help="text, image: validate on test, as LRA did")
-    flag("--max-len", type=at_least(2), default=None, help="text, retrieval: cut documents")
+    flag("--max-len", type=at_least(2), default=None, help="text, retrieval: cut documents (default: no cut)")
     flag("--max-train", type=count, default=None, help="at most this many train examples")
     flag("--max-eval", type=count, default=None, help="at most this many val / test examples")
-    flag("--workers", type=count, default=None, help="DataLoader workers (CPU 0, CUDA 8)")
+    flag("--workers", type=count, default=None, help="DataLoader workers (default: CPU 0, CUDA 8)")
     flag("--seed", type=int, default=0, help="model init; batch order seed+1, masks seed+2")
     flag("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if there)")
     flag("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None,
@@ -105,6 +107,8 @@ def parse_flags(argv):
     flag("--out", default="runs", help="parent folder of the run folder")
     flag("--init-from", default=None, help="fine-tune this checkpoint's backbone (an spt.pt)")
     flag("--resume", default=None, help="continue the stopped run in this folder")
+    flag("--no-curves", action="store_true", help="no curves.png at the end (tools/curves.py)")
+    flag("--log-to", type=loggers.log_to, default=None, help="also log to tensorboard or wandb (optional)")
     p.error = lambda message: fail(f"{presets.flag_message(message)} (python train.py --help lists "
                                    f"the flags)")
     args, defaults, unset = p.parse_args(argv), vars(p.parse_args([])), object()
@@ -430,7 +434,8 @@ def main(argv=None):
         lines.insert(0, f"resuming after {resume['phase']} epoch {resume['epoch']} (step "
                         f"{resume['step']})")
     config = runs.run_meta(meta, args, argv, data, device)       # config.json
-    with runs.run_folder(args, config, lines, lock) as folder:
+    with runs.run_folder(args, config, lines, lock) as folder, \
+            loggers.mirror(args.log_to, folder, config):    # --log-to: log.jsonl's records
         run = runs.Run(args, device, folder, meta)
         log(folder, f"run folder: {folder}")
         with runs.stopped_in(folder):               # a stop: one line, the --resume command
@@ -442,6 +447,8 @@ def main(argv=None):
         seconds = {"data": data.seconds, **results["wall_time_s"]}
         results["wall_time_s"] = {**seconds, "total": sum(seconds.values())}   # all the phases
         runs.write_results(folder, results)
+        if not args.no_curves and runs.rank() == 0:
+            curves.after_run(folder, partial(log, folder))            # curves.png
     if world > 1:   # free the DDP wrappers (reference cycles) first: else gloo threads can outlive
         gc.collect()    # the group and abort the exit (SIGABRT)
         dist.destroy_process_group()

@@ -35,12 +35,19 @@ tqdm.monitor_interval = 0      # no tqdm monitor thread: a process that runs no 
 PARENT = {"pid": None}          # a pool worker's parent: if it dies (SIGKILL, the OOM killer), the worker stops
 
 
-def worker_pool(workers):
+def worker_pool(workers, progress=None):
     """A multiprocessing.Pool of `workers` processes that know their parent's pid (start_worker). Forked when this
     process runs no other thread (fast: nothing is imported again), spawned otherwise: a fork copies the locks other
-    threads hold (pytest-xdist's, tqdm's monitor) but not the threads, so a child can wait on one forever."""
+    threads hold (pytest-xdist's, tqdm's monitor) but not the threads, so a child can wait on one forever.
+    progress: a shared counter (the context's Value) the workers add their finished items to (tick)."""
+    return pool_context().Pool(workers, start_worker, (os.getpid(), progress))
+
+
+def pool_context():
+    """worker_pool's multiprocessing context: fork when this process runs no other thread, else spawn (a shared
+    counter for the pool must come from the same context)."""
     alone = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if alone else "spawn").Pool(workers, start_worker, (os.getpid(),))
+    return multiprocessing.get_context("fork" if alone else "spawn")
 
 
 def orphaned():
@@ -48,10 +55,39 @@ def orphaned():
     return PARENT["pid"] is not None and os.getppid() != PARENT["pid"]
 
 
-def start_worker(parent):
-    """A pool worker's initializer: Ctrl-C is the parent's (it stops the pool), and the parent's pid is kept."""
+def start_worker(parent, progress=None):
+    """A pool worker's initializer: Ctrl-C is the parent's (it stops the pool); SIGTERM, which the pool sends its
+    workers when it closes, ends the worker quietly (a forked worker inherits the parent's stop handler, and its
+    KeyboardInterrupt printed a traceback at the end of every run that had generated data); the parent's pid and
+    the progress counter are kept."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    PARENT["pid"] = parent
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    PARENT["pid"], PARENT["progress"] = parent, progress
+
+
+def tick(n=1):
+    """In a pool worker: add n finished items to the pool's progress counter (if it has one)."""
+    if PARENT.get("progress") is not None:
+        with PARENT["progress"].get_lock():
+            PARENT["progress"].value += n
+
+
+def run_jobs(work, jobs, workers, bar):
+    """work(job, on_item=...) for each job: in `workers` pool processes when there are several jobs, else here; `bar`
+    (a tqdm) advances per finished item, counted across the processes (work calls on_item(1), default tick). A
+    worker's error is raised here."""
+    if workers <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            work(job, on_item=bar.update)
+        return
+    done = pool_context().Value("q", 0)                      # items finished by all workers
+    with worker_pool(workers, done) as pool:
+        pending = pool.map_async(work, jobs)
+        while not pending.ready():
+            pending.wait(0.5)
+            bar.update(done.value - bar.n)
+        pending.get()
+        bar.update(done.value - bar.n)
 
 
 # ----------------------------------------------------------------------------- folders our generators write

@@ -5,7 +5,6 @@ image: bytescale(max(2 target paths, distractor paths, 2 marker discs)); label 1
 A re-implementation of drewlinsley/pathfinder snakes2.py: same algorithm, quirks and pixels, stamps drawn once with PIL.
 Check: tests/test_pathfinder_gen.py (the original's pixel statistics, same bytes for any workers); speed: --speed.
 """
-import contextlib
 import io
 import math
 import random
@@ -20,7 +19,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from lra.files import GENERATED_MARK, check_output_folder, orphaned, read_mark, worker_pool, write_mark
+from lra.files import GENERATED_MARK, check_output_folder, orphaned, read_mark, run_jobs, tick, write_mark
 
 # Names used below (y, x = row, column; the repo's shape legend B, L, D, ... does not apply in this file):
 #   dash        one short anti-aliased line segment ("paddle" in snakes2); a path ("snake") is a chain of dashes
@@ -400,9 +399,10 @@ def _exclusive(path, out):      # a new file opened for writing, or FileExistsEr
 IMAGES_PER_CORE_S = {32: 265.0, 128: 17.0, 256: 229.0}
 
 
-def _write_batch(job):
+def _write_batch(job, on_item=tick):
     """Render batch k as imgs/<k>/sample_<j>.png and metadata/<k>.npy (plain text, the 11 fields of snakes2); the
-    metadata last, so only finished batches have it. A worker whose parent died stops before its next image."""
+    metadata last, so only finished batches have it. A worker whose parent died stops before its next image.
+    on_item(1) after each image: the pool's shared counter (tick) or, in this process, the progress bar's update."""
     out, res, contour_length, seed, k, labels = job
     p = PARAMS[res]
     rng = random.Random(f"pathfinder/{seed}/{res}/{contour_length}/{k}")   # per batch: same bytes for any workers
@@ -414,6 +414,7 @@ def _write_batch(job):
         img, info = pathfinder_image(rng, res, contour_length, label, details=True)
         with _exclusive(out / "imgs" / str(k) / f"sample_{j}.png", out) as f:
             Image.fromarray(img).save(f, format="PNG")
+        on_item(1)
         lines.append(f"imgs/{k} sample_{j}.png {j} {label} {p.continuity} {contour_length} {contour_length // 3} "
                      f"{p.dash_length} {p.thickness} {info['margin']} 1\n")
     tmp, meta = out / "metadata" / f"{k}.tmp", out / "metadata" / f"{k}.npy"
@@ -475,10 +476,8 @@ def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers
         (out / "metadata").mkdir(parents=True, exist_ok=True)
         write_mark(out, "generate_pathfinder", params)
     try:
-        with tqdm(total=sum(len(j[-1]) for j in jobs), desc=f"pathfinder{res}/{out.name}", unit="img") as bar, \
-                worker_pool(workers) if workers > 1 and len(jobs) > 1 else contextlib.nullcontext() as pool:
-            for done in pool.imap_unordered(_write_batch, jobs) if pool else map(_write_batch, jobs):
-                bar.update(done)
+        with tqdm(total=sum(len(j[-1]) for j in jobs), desc=f"pathfinder{res}/{out.name}", unit="img") as bar:
+            run_jobs(_write_batch, jobs, workers, bar)   # the bar moves per image: a 128 px batch takes minutes
     except OSError:
         if fresh:                                       # a full disk: give back what this call wrote
             for child in [made] if made else list(out.iterdir()):

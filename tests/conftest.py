@@ -12,7 +12,8 @@ SHARED_DATA = Path(os.environ.get("LRA_SHARED_DATA", Path(__file__).resolve().pa
 # A train.py run small enough for a test: width 16, one layer, 16 training examples = one batch, so each epoch revisits
 # the same examples (far too few for validation numbers to mean anything: these runs check the machinery).
 TINY = ["--preset", "tiny", "--d-model", "16", "--n-layers", "1", "--d-state", "16", "--batch-size", "16",
-        "--max-train", "16", "--max-eval", "8", "--lr", "5e-3", "--pretrain-lr", "5e-3", "--warmup", "1"]
+        "--max-train", "16", "--max-eval", "8", "--lr", "5e-3", "--pretrain-lr", "5e-3", "--warmup", "1",
+        "--no-curves"]    # matplotlib's import and a figure: ~2 CPU-s a run (tests/test_curves.py draws them)
 
 
 @pytest.fixture

@@ -93,3 +93,14 @@ def test_no_file_of_the_code_is_over_500_lines():
     files = [*FILES, *REPO.glob("results/*.py")]                    # the tests may be longer
     long = {str(f.relative_to(REPO)): n for f in files if (n := len(f.read_text().splitlines())) > 500}
     assert not long, f"over 500 lines: {long}"
+
+
+def test_the_readme_quick_start_shows_the_last_lines_of_the_run_it_cites():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Quick start")[1].split("\n## ")[0]
+    folder = re.search(r"`(results/runs/pathfinder-[^`]+)/`", section)[1]
+    block = re.findall(r"```\w*\n(.*?)```", section, flags=re.S)[1].splitlines()   # the run's last lines
+    log = (REPO / folder / "log.txt").read_text().splitlines()
+    assert block[:3] == log[-4:-1], f"README's lines differ from {folder}/log.txt:\n{block[:3]}\n{log[-4:-1]}"
+    assert block[3].split(":")[0] == log[-1].split(":")[0], (block[3], log[-1])    # 'done in 0.6 min (...)'
+    assert block[4].startswith("note: no curves.png: matplotlib is not installed (pip install matplotlib")

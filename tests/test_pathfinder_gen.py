@@ -158,3 +158,60 @@ def test_generator_marks_its_folder_first_and_never_overwrites_a_file_even_there
     with pytest.raises(FileExistsError, match=r"imgs/0/sample_0\.png already exists"):
         generate_pathfinder(tmp_path, n=4, per_batch=4, seed=1)
     assert (out / "imgs" / "0" / "sample_0.png").read_bytes() == before, "an existing image was overwritten"
+
+
+def test_generating_with_workers_under_the_stop_handler_prints_no_traceback(tmp_path):
+    # train.py and lra_data.py install runs.stop_on_sigterm before they generate; the pool's workers inherited it and,
+    # terminated by the pool at its end, printed "Process ForkPoolWorker-2: Traceback ... raise KeyboardInterrupt"
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import runs; runs.stop_on_sigterm(); from lra import pathfinder; "
+            f"pathfinder.generate_pathfinder({str(tmp_path)!r}, n=24, per_batch=6, workers=2)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(list(tmp_path.rglob("*.png"))) == 24
+
+
+@pytest.mark.parametrize("workers, per_batch", [(1, 1000), (2, 4)])
+def test_progress_bar_counts_every_image_and_moves_per_image_within_a_batch(tmp_path, monkeypatch, workers,
+                                                                           per_batch):
+    updates = []
+
+    class Bar:                               # tqdm's interface as generate_pathfinder uses it
+        n = 0
+
+        def __init__(self, total, **kw):
+            self.total = total
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, k):
+            updates.append(k)
+            self.n += k
+    monkeypatch.setattr(pathfinder, "tqdm", Bar)
+    generate_pathfinder(tmp_path, n=12, per_batch=per_batch, workers=workers)
+    assert sum(updates) == 12, updates
+    if workers == 1:                         # one batch of 12 images (PathX's 800 were one step of the bar)
+        assert updates == [1] * 12, updates
+
+
+def test_the_tiny_presets_spt_loss_stops_at_the_grey_level_entropy_of_the_images(tmp_path):
+    # README's quick start: its SPT val loss 1.9816 nats per masked pixel is the loss of predicting each masked pixel
+    # from the images' grey-level histogram alone (no context): the tiny model learned that histogram only
+    import json
+    from pathlib import Path
+    out = generate_pathfinder(tmp_path, n=200, workers=1)
+    counts = np.bincount(np.concatenate([np.asarray(Image.open(p)).ravel() for p in out.rglob("*.png")]),
+                         minlength=256)
+    p = counts[counts > 0] / counts.sum()
+    entropy = float(-(p * np.log(p)).sum())                       # nats
+    run = Path(__file__).resolve().parents[1] / "results" / "runs" / "pathfinder-dlr-spt-s0-20261202-164336"
+    spt = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()
+           if json.loads(line).get("phase") == "spt"][-1]
+    assert abs(entropy - 1.98) < 0.03 and abs(spt["val_loss"] - entropy) < 0.04, (entropy, spt["val_loss"])

@@ -76,6 +76,41 @@ def test_two_ddp_processes_train_exactly_as_one_process(objective, data_dir, tmp
                                                       f"{ra[key]}, 2 processes {rb[key]}"
 
 
+def test_two_nodes_of_one_process_each_train_exactly_as_one_process(data_dir, tmp_path):
+    # docs/train.md's multi-node command on one machine: two torchrun agents (two "nodes", one process each) meet at
+    # a c10d rendezvous on a free local port, as two machines of a cluster would at --rdzv-endpoint; gloo on CPU
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    flags = ["--data-dir", str(data_dir), *TINY, "--model", "dlr", "--task", "listops", "--spt", "--batch-size", "8",
+             "--max-train", "17", "--max-eval", "9", "--pretrain-epochs", "1", "--epochs", "2", "--device", "cpu"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    doc = next(line.split() for line in (REPO / "docs" / "train.md").read_text().splitlines()
+               if line.strip().startswith("torchrun --nnodes"))         # the command the docs give
+    local = {"--nproc_per_node": "1", "--rdzv_endpoint": f"127.0.0.1:{port}", "--rdzv_id": "two"}   # 1 CPU process
+    end = doc.index("train.py")
+    launch = [local.get(prev, word) for prev, word in zip(doc[:end - 1], doc[1:end])]   # each value after its flag
+    assert launch[:2] == ["--nnodes", "2"] and "c10d" in launch, launch
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *launch,
+                               "train.py", "--out", str(tmp_path / "two"), *flags], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**env, "OMP_NUM_THREADS": "1"})
+             for _ in range(2)]
+    outputs = [node.communicate(timeout=180) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], [err[-2000:] for _, err in outputs]
+    printed = sorted(out.count("param groups:") for out, _ in outputs)   # once per phase, by rank 0 only
+    assert printed == [0, 2], f"a process other than rank 0 printed: {printed}"
+    one, _ = run(data_dir, tmp_path / "one", *flags)
+    (two_dir,) = (tmp_path / "two").iterdir()            # one run folder for both nodes
+    assert "× 2 processes (DDP)" in (two_dir / "log.txt").read_text()
+    a, b = records(one["run_dir"])[:-1], records(two_dir)[:-1]   # all but the wall times
+    assert [(r["phase"], r.get("epoch")) for r in a] == [(r["phase"], r.get("epoch")) for r in b]
+    for ra, rb in zip(a, b):
+        for key in ("train_loss", "val_loss", "val_acc", "test_acc", "test_loss"):
+            if key in ra:
+                assert abs(ra[key] - rb[key]) < 1e-4, f"{ra['phase']}: {key} 1 process {ra[key]}, 2 nodes {rb[key]}"
+
+
 GRADIENT_PROBE = textwrap.dedent("""
     import sys, torch, steps, train
     seen = []

@@ -391,3 +391,43 @@ def test_a_patience_run_resumed_mid_way_logs_what_an_uninterrupted_one_logs(kill
     assert strip(cut_dir) == strip(full_dir), "the resumed run's log.jsonl differs from the uninterrupted one's"
     for key in ("spt_epochs", "spt_stopped_early", "test_acc", "best_val_acc", "spt_val_metric"):
         assert resumed[key] == full[key], f"{key}: resumed {resumed[key]} vs uninterrupted {full[key]}"
+
+
+def test_help_shows_a_default_on_every_flag_the_range_of_every_ranged_flag_and_runnable_examples(capsys):
+    with pytest.raises(SystemExit) as stop:
+        train.parse_flags(["--help"])
+    text = capsys.readouterr().out
+    assert stop.value.code == 0
+    body, epilog = text.split("\nexamples:\n")
+    blocks = {}                                   # "--flag" -> its help text, as printed
+    for line in body.split("\noptions:\n")[1].splitlines():
+        if line.startswith("  -"):
+            name = line.split()[0].rstrip(",")
+            blocks[name] = line
+        else:
+            blocks[name] += " " + line.strip()
+    blocks.pop("-h")
+    assert len(blocks) > 40, blocks.keys()
+    no_default = [k for k, v in blocks.items() if "default" not in v]
+    assert not no_default, f"flags whose --help names no default: {no_default}"
+    for name, help_text in (("--lr", "must be > 0"), ("--data-fraction", "must be in (0, 1]"),
+                            ("--max-eval", "must be at least 0"), ("--seed", "default: 0")):
+        assert help_text in " ".join(blocks[name].split()), blocks[name]
+    examples = [line.split("#")[0].split()[2:] for line in epilog.splitlines()
+                if line.strip().startswith("python train.py")]
+    assert len(examples) == 3, epilog
+    for argv in examples:                         # each example parses as printed
+        args = train.parse_flags(argv)[0]
+        assert args.resume or args.spt, argv
+    assert "need a download" in epilog and "lra_data.py --check" in epilog
+
+
+def test_settings_line_shows_the_ssm_lr_in_use_and_max_eval_beyond_a_split_says_so(tmp_path):
+    root = tmp_path / "data"
+    generate_listops(root, 30, 2, 2, min_length=30, max_length=120)
+    results, run_dir = run(root, tmp_path, "--task", "listops", "--model", "dlr", "--epochs", "1")
+    log = (run_dir / "log.txt").read_text()
+    settings = next(line for line in log.splitlines() if line.startswith("settings:"))
+    assert "ssm_lr=0.0001" in settings and "ssm_lr=None" not in settings, settings
+    note = "at most 8 val examples asked for (--max-eval), but the val split has 2 examples: all of them used"
+    assert f"data note: {note}" in log and note in results["data_notes"], results["data_notes"]
