@@ -65,26 +65,56 @@ def check_lengths(lengths, batch_size):
 TF32_IN_KERNELS = False
 
 
-def tf32_flag():
-    """(name, on, off) of the attribute of torch.backends.cuda.matmul that lets CUDA's float32
-    matmuls use TF32: fp32_precision "tf32" / "ieee" where it exists (torch ≥ 2.9, where reading the
-    older flag after it was set raises), else allow_tf32 True / False."""
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        return "fp32_precision", "tf32", "ieee"
-    return "allow_tf32", True, False
+def matmul_precision():
+    """torch's float32 matmul precision now: "highest" (no TF32), "high" (TF32) or "medium", never
+    raising. torch >= 2.9 raises on torch.get_float32_matmul_precision() (and on cuBLAS's own query,
+    torch._C._get_cublas_allow_tf32) once its legacy and new TF32 APIs were mixed, e.g. after a
+    fork's `torch.backends.cuda.matmul.fp32_precision = "tf32"`; the new API's own value still
+    answers then. A torch without that API (< 2.9) never raises here."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):     # torch < 2.9: not ours
+            raise
+        return {"tf32": "high", "bf16": "medium"}.get(torch.backends.cuda.matmul.fp32_precision,
+                                                      "highest")
+
+
+def set_matmul_precision(precision):
+    """Set CUDA's float32 matmul precision ("highest": no TF32, "high": TF32, "medium") by
+    torch.set_float32_matmul_precision, the one setter after which cuBLAS's query, the legacy flag
+    torch.backends.cuda.matmul.allow_tf32 and torch.get_float32_matmul_precision() all answer, from
+    every starting state (legacy allow_tf32, the new fp32_precision, set_float32_matmul_precision
+    "highest" / "high" / "medium"; tests/test_ssm.py, measured on torch 2.13.0 and 2.14.1). On
+    torch >= 2.9 the new `fp32_precision = "tf32"` alone leaves the query raising ("mix of the legacy
+    and new APIs"), and `allow_tf32 = False` after set_float32_matmul_precision("high") leaves
+    get_float32_matmul_precision() raising. On a torch without the new API it sets the flag that
+    allow_tf32 reads. Returns the precision before (matmul_precision())."""
+    old = matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    return old
+
+
+def set_tf32(on):
+    """TF32 on (True) or off for CUDA's float32 matmuls (set_matmul_precision "high" / "highest")
+    and cuDNN's convolutions (the legacy torch.backends.cudnn.allow_tf32, which its query reads
+    without raising from every starting state; the new cudnn.conv.fp32_precision does not).
+    Returns the matmul precision before."""
+    torch.backends.cudnn.allow_tf32 = on
+    return set_matmul_precision("high" if on else "highest")
 
 
 @contextlib.contextmanager
 def full_fp32_matmuls():
     """Inside the block CUDA's float32 matmuls are true float32 ones (no TF32), whatever the process
-    set; restored after. (On a CPU float32 matmuls are float32 anyway.)"""
-    name, _, off = tf32_flag()
-    old = getattr(torch.backends.cuda.matmul, name)
-    setattr(torch.backends.cuda.matmul, name, off)
+    set; the precision before is restored after (also on an exception, nested blocks too); a state
+    that torch could not read before (mixed APIs) comes back readable. (On a CPU float32 matmuls are
+    float32 anyway.)"""
+    old = set_matmul_precision("highest")
     try:
         yield
     finally:
-        setattr(torch.backends.cuda.matmul, name, old)
+        set_matmul_precision(old)
 
 
 class Matmul(torch.autograd.Function):

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 import lra_data
 from runs import fail
-from ssm import tf32_flag
+from ssm import set_tf32
 
 # the progress bar and the non-finite guard read device values once every this many steps
 PROGRESS_STEPS = 25
@@ -119,10 +119,9 @@ def precision(args, device):
     if name is None:
         name = "fp32" if device.type != "cuda" else (
             "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16")
-    flag, on, off = tf32_flag()
-    # also on a CPU: no effect there
-    setattr(torch.backends.cuda.matmul, flag, on if name == "tf32" else off)
-    torch.backends.cudnn.allow_tf32 = name == "tf32"
+    # by the setter that leaves torch's TF32 state readable from any state a user's code left
+    # (ssm.set_tf32, docs/gpu.md); also on a CPU, where only oneDNN on CPUs with TF32 units reads it
+    set_tf32(name == "tf32")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
     amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
     return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None

@@ -596,14 +596,13 @@ def test_flags_of_self_pre_training_without_spt_are_named_as_ignored(data_dir, t
 
 def test_precision_sets_tf32_explicitly_so_fp32_after_bf16_or_tf32_has_none():
     import ssm
-    name, on, off = ssm.tf32_flag()
-    flag = lambda: getattr(torch.backends.cuda.matmul, name)              # noqa: E731
-    old = flag()
+    flag = torch._C._get_cublas_allow_tf32                                # cuBLAS's own query
+    old = ssm.matmul_precision()
     try:
         for first in ("bf16", "tf32"):
             steps.precision(argparse.Namespace(precision=first, amp=False), torch.device("cpu"))
-            assert flag() == (on if first == "tf32" else off), f"--precision {first}: TF32 is {flag()}"
+            assert flag() == (first == "tf32"), f"--precision {first}: TF32 is {flag()}"
             steps.precision(argparse.Namespace(precision="fp32", amp=False), torch.device("cpu"))
-            assert flag() == off and not torch.backends.cudnn.allow_tf32, f"fp32 after {first} left TF32 {flag()}"
+            assert not flag() and not torch.backends.cudnn.allow_tf32, f"fp32 after {first} left TF32 {flag()}"
     finally:
-        setattr(torch.backends.cuda.matmul, name, old)
+        ssm.set_matmul_precision(old)

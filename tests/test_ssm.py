@@ -212,7 +212,7 @@ MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm
 
 
 class EmulatedTF32(TorchFunctionMode):
-    """CUDA's TF32 on the CPU: while the process allows TF32 (ssm.tf32_flag), every float32 / complex64 matmul reads
+    """CUDA's TF32 on the CPU: while the process allows TF32 (cuBLAS's own query), every float32 / complex64 matmul reads
     its operands rounded to TF32 and multiplies them exactly (float64), as tensor cores do. `calls` records, for
     each float32 matmul, whether TF32 was allowed at that moment."""
 
@@ -224,8 +224,7 @@ class EmulatedTF32(TorchFunctionMode):
         kwargs = kwargs or {}
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if func in MATMULS and tensors and all(t.dtype in (torch.float32, torch.complex64) for t in tensors):
-            name, on, _ = ssm.tf32_flag()
-            self.calls.append(getattr(torch.backends.cuda.matmul, name) == on)
+            self.calls.append(torch._C._get_cublas_allow_tf32())
             if self.calls[-1]:
                 wide = [tf32_round(a).to(torch.complex128 if a.is_complex() else torch.float64)
                         if isinstance(a, torch.Tensor) else a for a in args]
@@ -237,11 +236,9 @@ class EmulatedTF32(TorchFunctionMode):
 @pytest.fixture
 def tf32_allowed():
     """The process allows TF32, as `--precision tf32` does (and runs.precision did for bf16 before)."""
-    name, on, _ = ssm.tf32_flag()
-    old = getattr(torch.backends.cuda.matmul, name)
-    setattr(torch.backends.cuda.matmul, name, on)
+    old = ssm.set_matmul_precision("high")
     yield
-    setattr(torch.backends.cuda.matmul, name, old)
+    ssm.set_matmul_precision(old)
 
 
 def paper_kernel(name, task):
@@ -284,11 +281,10 @@ def test_emulated_tf32_would_corrupt_the_unguarded_s4_kernel(tf32_allowed, monke
 @over_kernels
 def test_kernel_matmuls_run_without_tf32_forward_and_backward(name, tf32_allowed, monkeypatch):
     # autograd runs the backward later, outside any context around the forward: both must be guarded
-    name_, on, _ = ssm.tf32_flag()
     calls, matmul = [], torch.Tensor.__matmul__
     def spy(a, b):
         if a.dtype in (torch.float32, torch.complex64):
-            calls.append(getattr(torch.backends.cuda.matmul, name_) == on)
+            calls.append(torch._C._get_cublas_allow_tf32())
         return matmul(a, b)
     kernel = kernel_of(name, d_model=4, d_state=16)
     monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
@@ -297,7 +293,7 @@ def test_kernel_matmuls_run_without_tf32_forward_and_backward(name, tf32_allowed
     grads = torch.autograd.grad(K.square().sum(), list(kernel.parameters()))
     assert forward >= 1 and len(calls) > forward, f"matmuls seen: {forward} forward, {len(calls) - forward} backward"
     assert not any(calls), f"TF32 allowed in {sum(calls)} of the kernel's {len(calls)} matmuls"
-    assert getattr(torch.backends.cuda.matmul, name_) == on, "the process's own setting was not restored"
+    assert torch._C._get_cublas_allow_tf32(), "the process's own setting was not restored"
     assert all(torch.isfinite(g).all() for g in grads)
 
 
@@ -476,3 +472,123 @@ def test_compiled_training_step_equals_eager(name):
     torch.testing.assert_close(loss, training_step(eager, x, target), rtol=1e-4, atol=1e-4, msg="compiled loss")
     for (pname, a), b in zip(compiled.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"{pname} after one compiled AdamW step")
+
+
+# ---- torch's TF32 state: readable and as asked after every setter of ours, from every state a user's code can leave
+
+# what a user's code may have set before (legacy API, torch >= 2.9's new API, set_float32_matmul_precision) -> the
+# TF32 value and matmul precision it means
+TF32_STARTS = {
+    "allow_tf32 = True": ("torch.backends.cuda.matmul.allow_tf32 = True", True, "high"),
+    "allow_tf32 = False": ("torch.backends.cuda.matmul.allow_tf32 = False", False, "highest"),
+    "fp32_precision = 'tf32'": ("torch.backends.cuda.matmul.fp32_precision = 'tf32'", True, "high"),
+    "fp32_precision = 'ieee'": ("torch.backends.cuda.matmul.fp32_precision = 'ieee'", False, "highest"),
+    **{f"set_float32_matmul_precision('{p}')": (f"torch.set_float32_matmul_precision('{p}')", p != "highest", p)
+       for p in ("highest", "high", "medium")},
+}
+# what our code does, each followed by the state it must leave: None = the start's own
+TF32_ACTIONS = {
+    **{f"--precision {p}": (f"steps.precision(argparse.Namespace(precision='{p}', amp=False), torch.device('cpu'))",
+                            p == "tf32") for p in ("fp32", "tf32", "bf16", "fp16")},
+    "kernel guard": ("with ssm.full_fp32_matmuls(): inside.append(state())", None),
+    "nested kernel guards": ("with ssm.full_fp32_matmuls():\n"
+                             "    with ssm.full_fp32_matmuls(): inside.append(state())\n"
+                             "    inside.append(state())", None),
+    "kernel guard left by an exception": ("try:\n"
+                                          "    with ssm.full_fp32_matmuls(): inside.append(state()); 1 / 0\n"
+                                          "except ZeroDivisionError: pass", None),
+    "ssm.Matmul forward + backward": ("a = torch.randn(3, 3, requires_grad=True)\n"
+                                      "ssm.Matmul.apply(a, a).sum().backward()", None),
+    "--precision tf32 then the kernel guard": (
+        "steps.precision(argparse.Namespace(precision='tf32', amp=False), torch.device('cpu'))\n"
+        "with ssm.full_fp32_matmuls(): inside.append(state())", True),
+    "bench's unguarded kernel (TF32 allowed, restored)": (
+        "old = ssm.set_matmul_precision('high'); inside.append(None); ssm.set_matmul_precision(old)", None),
+}
+# each case in a child forked from a fresh interpreter (torch's TF32 state is per process and remembers which API
+# set it), results as JSON lines
+TF32_CHILD = r'''
+import argparse, json, os, sys
+import torch
+import ssm, steps
+cases = json.loads(sys.stdin.read())
+if os.environ.get("HIDE_NEW_TF32_API"):            # a torch without fp32_precision (< 2.9)
+    real = torch.backends.cuda.matmul
+    class Legacy:
+        def __getattr__(self, name):
+            if name == "fp32_precision":
+                raise AttributeError(name)
+            return getattr(real, name)
+        def __setattr__(self, name, value):
+            if name == "fp32_precision":
+                raise AttributeError(name)
+            setattr(real, name, value)
+    torch.backends.cuda.matmul = Legacy()
+def state():
+    out = {}
+    for name, get in [("cublas", torch._C._get_cublas_allow_tf32),
+                      ("allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+                      ("precision", torch.get_float32_matmul_precision)]:
+        try:
+            out[name] = get()
+        except Exception as e:
+            out[name] = "raised: " + str(e).splitlines()[0][:100]
+    return out
+for start, action in cases:
+    r, w = os.pipe()
+    if os.fork() == 0:
+        inside = []
+        exec(start)
+        exec(action)
+        os.write(w, json.dumps(dict(after=state(), inside=[s for s in inside if s])).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        print(f.read(), flush=True)
+    os.wait()
+'''
+
+
+def tf32_states(starts, hide_new_api=False):
+    """{(start, action): {"after": getters, "inside": getters inside the guard}} from TF32_CHILD."""
+    import json
+    import subprocess
+    import sys
+    cases = [(TF32_STARTS[s][0], TF32_ACTIONS[a][0]) for s in starts for a in TF32_ACTIONS]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1", **({"HIDE_NEW_TF32_API": "1"} if hide_new_api else {})}
+    done = subprocess.run([sys.executable, "-c", TF32_CHILD], input=json.dumps(cases), capture_output=True, text=True,
+                          env=env, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == len(cases), done.stderr[-2000:]
+    return dict(zip([(s, a) for s in starts for a in TF32_ACTIONS], map(json.loads, lines)))
+
+
+def assert_tf32_states(states):
+    for (start, action), got in states.items():
+        _, start_tf32, start_precision = TF32_STARTS[start]
+        want = TF32_ACTIONS[action][1]
+        tf32 = start_tf32 if want is None else want
+        where = f"after `{start}`, then {action}"
+        for seen in [got["after"], *got["inside"]]:
+            raised = {k: v for k, v in seen.items() if isinstance(v, str) and v.startswith("raised")}
+            assert not raised, f"{where}: torch's TF32 getters raised: {raised}"
+        assert got["after"]["cublas"] is tf32 and got["after"]["allow_tf32"] is tf32, \
+            f"{where}: cuBLAS's TF32 is {got['after']['cublas']}, asked {tf32}"
+        if want is None:
+            assert got["after"]["precision"] == start_precision, f"{where}: precision not restored: {got['after']}"
+        assert all(s["cublas"] is False for s in got["inside"]), f"{where}: TF32 on inside the guard: {got['inside']}"
+
+
+def test_tf32_getters_answer_and_hold_the_flag_asked_after_every_setter_of_ours_from_every_starting_state():
+    # torch >= 2.9: the new API's fp32_precision = "tf32" alone leaves cuBLAS's own query raising ("mix of the legacy
+    # and new APIs"); the legacy allow_tf32 = False after set_float32_matmul_precision("high") leaves
+    # get_float32_matmul_precision() raising: ours must leave every getter readable, whatever came before
+    starts = [s for s in TF32_STARTS if "fp32_precision =" not in s or
+              hasattr(torch.backends.cuda.matmul, "fp32_precision")]
+    assert_tf32_states(tf32_states(starts))
+
+
+def test_tf32_setters_work_on_a_torch_without_the_new_fp32_precision_api():
+    starts = [s for s in TF32_STARTS if "fp32_precision =" not in s]      # what a torch < 2.9 offers
+    assert_tf32_states(tf32_states(starts, hide_new_api=True))

@@ -263,16 +263,14 @@ def kernel_precision(args, task="pathx"):
     (ssm.TF32_IN_KERNELS, the code before the guard) and with the guard (ssm.Matmul, TF32 off inside). On a CPU
     there is no TF32: both rows are float32."""
     L, rows = lra_data.TASKS[task].max_len, []
-    name_, on, _ = ssm.tf32_flag()
-    before, flags = ssm.TF32_IN_KERNELS, torch.backends.cuda.matmul
-    old = getattr(flags, name_)
+    before = ssm.TF32_IN_KERNELS
     for name in KERNELS:
         kernel = paper_kernel(name, task, args.device)
         with torch.no_grad():
             exact = copy.deepcopy(kernel).double()(L).reshape(-1, L)              # (channels, L) float64
         for guarded in (False, True):
+            old = ssm.set_matmul_precision("high")                  # TF32 allowed, readable
             try:
-                setattr(flags, name_, on)
                 ssm.TF32_IN_KERNELS = not guarded
                 with torch.no_grad():
                     K = kernel(L).reshape(-1, L).double()
@@ -280,7 +278,7 @@ def kernel_precision(args, task="pathx"):
                 seconds = timed(lambda: kernel(L).square().sum().backward(), args)[0]
             finally:
                 ssm.TF32_IN_KERNELS = before
-                setattr(flags, name_, old)
+                ssm.set_matmul_precision(old)
             rows.append(dict(kernel=name, task=task, L=L, channels=len(err), tf32_allowed=True, guarded=guarded,
                              fwd_bwd_seconds=seconds, max_error=float(err.max()),
                              over_1e_3=int((err > 1e-3).sum()), over_1e_2=int((err > 1e-2).sum())))
