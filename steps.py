@@ -62,9 +62,23 @@ def all_sum(total):
     return dict(zip(total, values.unbind()))
 
 
+def deterministic(on):
+    """--deterministic: torch's deterministic algorithms (an op without a deterministic kernel stops
+    the run with torch's error naming it) and cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG
+    ":4096:8", which cuBLAS reads when CUDA starts: so this runs before any CUDA call); cuDNN's
+    autotuner off. Costs speed on a GPU (docs/gpu.md); a CPU run is deterministic anyway. What is
+    in force goes into config.json (runs.run_meta)."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+
+
 def setup_device(args):
     """-> (device, world size): checks --device and that --out can be written (making --out
-    itself); settles --precision (printed, in config.json) and --workers."""
+    itself); settles --deterministic (before any CUDA call), --precision (printed, in config.json)
+    and --workers."""
+    deterministic(getattr(args, "deterministic", False))
     try:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:

@@ -99,6 +99,7 @@ def parse_flags(argv):
          help="default: bf16 or fp16 on CUDA, fp32 on CPU (docs/gpu.md)")
     flag("--amp", action="store_true", help="old name of --precision bf16")
     flag("--compile", action="store_true", help="torch.compile (checkpoints keep plain keys)")
+    flag("--deterministic", action="store_true", help="deterministic algorithms (slower; docs/gpu.md)")
     flag("--out", default="runs", help="parent folder of the run folder")
     flag("--init-from", default=None, help="fine-tune this checkpoint's backbone (an spt.pt)")
     flag("--resume", default=None, help="continue the stopped run in this folder")

@@ -606,3 +606,39 @@ def test_precision_sets_tf32_explicitly_so_fp32_after_bf16_or_tf32_has_none():
             assert not flag() and not torch.backends.cudnn.allow_tf32, f"fp32 after {first} left TF32 {flag()}"
     finally:
         ssm.set_matmul_precision(old)
+
+
+def test_deterministic_sets_torchs_flag_and_the_cublas_workspace_before_the_first_cuda_call(monkeypatch, tmp_path):
+    # a CUDA machine simulated: the first call that starts CUDA (get_device_capability, via --precision's default)
+    # must find both already set; cuBLAS reads CUBLAS_WORKSPACE_CONFIG when CUDA starts, so later would be too late
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen = []
+    def first_cuda_call(*args):
+        seen.append((torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+        return (8, 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", first_cuda_call)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", first_cuda_call)
+    args, _, _ = train.parse_flags(["--deterministic", "--device", "cuda", "--out", str(tmp_path)])
+    try:
+        steps.setup_device(args)
+        assert seen and seen[0] == (True, ":4096:8"), f"at the first CUDA call: (deterministic, workspace) = {seen}"
+        assert args.precision == "bf16"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    plain = train.parse_flags(["--device", "cpu", "--out", str(tmp_path)])[0]
+    steps.setup_device(plain)
+    assert not torch.are_deterministic_algorithms_enabled(), "without --deterministic torch's default stays"
+
+
+def test_deterministic_is_recorded_in_config_json(data_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "1",
+                         "--deterministic")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["args"]["deterministic"] is True, config["args"]
+    assert config["deterministic"] == {"algorithms": True, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, config
