@@ -5,11 +5,14 @@ speed:   one layer of each (forward + backward) at growing L, its SSM kernel alo
          (tools/speed.py)
 memory:  --memory: the estimated peak of every --preset paper step, checked against real CPU steps
          (tools/memory.py)
+eval:    --eval-cache: an evaluation pass at PathX's paper configuration with the SSM kernels
+         computed per batch (before) and once per pass (now) (tools/speed.py)
 check:   --gpu-check: kernels under TF32, layers, short paper runs and the main command in
          miniature, then the paper's first claim, within --minutes of the process's start
          (tools/gpu_check.py)
 usage:   python bench.py [--quick] [--device cuda] [--precision bf16] [--out runs/bench.json]
          python bench.py --memory [--out ...]
+         python bench.py --eval-cache [--eval-batches 4] [--eval-batch 2] [--out ...]
          python bench.py --device cuda --gpu-check [--minutes 6] [--out-dir results/gpu/<device>]
 Check: tests/test_bench.py, tests/test_gpu_check.py.
 """
@@ -79,6 +82,10 @@ def parse_args(argv=None):
     flag("--quick", action="store_true", help=f"fewer lengths, shorter timing: {speed.QUICK}")
     flag("--memory", action="store_true",
          help="estimate the peak memory of the --preset paper runs instead")
+    flag("--eval-cache", action="store_true",
+         help="an evaluation pass at PathX, SSM kernels per batch vs once per pass, instead")
+    flag("--eval-batches", type=positive(int), default=4, help="--eval-cache: batches in the pass")
+    flag("--eval-batch", type=positive(int), default=2, help="--eval-cache: examples per batch")
     flag("--gpu-check", action="store_true", help="the GPU check (tools/gpu_check.py)")
     flag("--minutes", type=positive(float), default=6.0,
          help="--gpu-check: all of it, from the process's start")
@@ -178,6 +185,7 @@ def report(res, args):
              f"torch {m['torch']}; commit {m['commit']}; `{m['command']}`; "
              f"run time {res['seconds']:.0f} s", ""]
     return "\n".join(lines + (memory.memory_lines(res) if args.memory
+                               else speed.eval_pass_lines(res["eval_pass"]) if args.eval_cache
                                else speed.speed_lines(res, args)))
 
 
@@ -189,8 +197,12 @@ def main(argv=None):
         return gpu_check.gpu_check(args, argv, STARTED)
     res = dict(args=vars(args), machine=speed.machine_info(argv, args))
     print(f"bench: {res['machine']}\n  {vars(args)}", flush=True)
-    res.update(dict(memory=memory.memory_table(), check=memory.memory_check()) if args.memory
-               else speed.speed(args))
+    if args.memory:
+        res.update(memory=memory.memory_table(), check=memory.memory_check())
+    elif args.eval_cache:
+        res.update(eval_pass=speed.eval_pass(args, batches=args.eval_batches, batch=args.eval_batch))
+    else:
+        res.update(speed.speed(args))
     res["seconds"] = time.perf_counter() - t0
     text = report(res, args)
     print(text)

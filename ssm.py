@@ -320,6 +320,30 @@ class SSMLayer(nn.Module):
         self.D = nn.Parameter(torch.randn(cfg.d_model))              # (H,), skip connection
         self.out = nn.Linear(cfg.d_model, 2 * cfg.d_model)           # H -> 2H, halved by the GLU
         self.norm = norm_layer(cfg.norm, cfg.d_model)
+        self.kernels = ((), {})          # eval, no grad: (parameter versions, {L: kernel})
+
+    def train(self, mode=True):
+        """nn.Module.train; a change of mode starts a new pass: the cached kernels are dropped."""
+        self.kernels = ((), {})
+        return super().train(mode)
+
+    # a dict of tensors keyed by lengths and parameter versions: eager, as the kernel itself is
+    @torch.compiler.disable
+    def kernel_of(self, L):
+        """self.kernel(L), computed once per evaluation pass: in eval mode under torch.no_grad() the
+        kernel's parameters cannot change inside the pass, so each length's kernel is kept until
+        the mode changes or a parameter is written (its version counter or storage changes:
+        load_state_dict, an in-place edit, .to()). Training and autograd: computed every call.
+        -> (H, L) or (2, H, L), the kernel's output itself."""
+        if self.training or torch.is_grad_enabled():
+            return self.kernel(L)
+        versions = tuple((p.data_ptr(), p._version) for p in self.kernel.parameters())
+        if versions != self.kernels[0]:
+            self.kernels = (versions, {})
+        cache = self.kernels[1]
+        if L not in cache:
+            cache[L] = self.kernel(L)
+        return cache[L]
 
     def forward(self, u, lengths=None):
         """u: (B, L, H) float; lengths: (B,) long, or None = no padding. Returns (B, L, H), u's
@@ -333,7 +357,7 @@ class SSMLayer(nn.Module):
         if mask is not None:
             z = z * mask[..., None]    # so a backward kernel cannot carry pads to real positions
         with torch.autocast(u.device.type, enabled=False):           # FFT in ≥ fp32, even under AMP
-            k = self.kernel(L)                                               # (H, L) or (2, H, L)
+            k = self.kernel_of(L)                                            # (H, L) or (2, H, L)
             dtype = torch.promote_types(k.dtype, torch.float32)
             z = z.transpose(1, 2).to(dtype)                                  # (B, H, L)
             y = fft_conv(z, k.to(dtype)) + self.D.to(dtype)[:, None] * z     # (B, H, L)

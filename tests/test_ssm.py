@@ -422,6 +422,7 @@ def test_forward_traces_as_one_graph_so_it_never_waits_for_the_device(name, padd
     # kernels run eagerly under torch.compile (torch.compiler.disable): trace their undecorated forward too.
     for Kernel in (S4Kernel, DLRKernel):
         monkeypatch.setattr(Kernel, "forward", Kernel.forward.__wrapped__)
+    monkeypatch.setattr(SSMLayer, "kernel_of", SSMLayer.kernel_of.__wrapped__)   # (training: no cache lookup)
     monkeypatch.setattr(ssm, "TF32_IN_KERNELS", True)   # plain `@`: the TF32 guard's flag calls are host-only, not syncs
     torch._dynamo.reset()
     model = backbone_of(name, d_model=8, n_layers=1, d_state=8, vocab_size=12, norm="batch", dropout=0.1)
@@ -592,3 +593,56 @@ def test_tf32_getters_answer_and_hold_the_flag_asked_after_every_setter_of_ours_
 def test_tf32_setters_work_on_a_torch_without_the_new_fp32_precision_api():
     starts = [s for s in TF32_STARTS if "fp32_precision =" not in s]      # what a torch < 2.9 offers
     assert_tf32_states(tf32_states(starts, hide_new_api=True))
+
+
+# ---- each SSM kernel once per evaluation pass
+
+def counted_kernels(model):
+    """Wrap every layer's kernel forward to count its calls -> the list of lengths it was called with."""
+    calls = []
+    for layer in model.layers:
+        forward = layer.kernel.forward
+        layer.kernel.forward = lambda L, forward=forward: calls.append(L) or forward(L)
+    return calls
+
+
+@over_kernels
+def test_an_evaluation_pass_computes_each_kernel_once_per_length_and_gives_the_uncached_outputs(name):
+    torch.manual_seed(0)
+    Config, _, Backbone = KERNELS[name][:3]
+    model = Backbone(config(name, d_model=8, n_layers=2, vocab_size=20)).eval()
+    reference = copy.deepcopy(model)
+    batches = [torch.randint(1, 20, (3, L)) for L in (32, 32, 48, 32)]
+    calls = counted_kernels(model)
+    with torch.no_grad():
+        cached = [model(x) for x in batches]
+        plain = [torch.stack([reference(x[i:i + 1])[0] for i in range(3)]) for x in batches]  # a new pass each row
+    assert sorted(calls) == [32, 32, 48, 48], f"kernel calls per layer and length: {calls}"
+    for c, p in zip(cached, plain):
+        torch.testing.assert_close(c, p, rtol=0, atol=1e-6, msg="cached kernels changed the outputs")
+
+
+@over_kernels
+def test_the_kernel_is_recomputed_after_a_weight_is_written_or_the_mode_changes_and_always_in_training(name):
+    torch.manual_seed(0)
+    Backbone = KERNELS[name][2]
+    model = Backbone(config(name, d_model=8, n_layers=1, vocab_size=20)).eval()
+    x = torch.randint(1, 20, (2, 16))
+    calls = counted_kernels(model)
+    with torch.no_grad():
+        before = model(x)
+        state = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}
+        model.load_state_dict(state)                       # written in place, still in eval mode
+        after = model(x)
+        fresh = Backbone(config(name, d_model=8, n_layers=1, vocab_size=20))
+        fresh.load_state_dict(state)
+        torch.testing.assert_close(after, fresh.eval()(x), rtol=0, atol=1e-6)
+        assert not torch.equal(before, after) and calls == [16, 16], calls
+        model.eval()                                       # a new pass
+        model(x)
+    assert calls == [16, 16, 16], calls
+    model(x)                                               # eval mode with autograd: every call
+    model.train()
+    with torch.no_grad():
+        model(x), model(x)
+    assert calls == [16] * 6, f"outside eval + no_grad the kernel must be computed each call: {calls}"

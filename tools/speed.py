@@ -197,6 +197,54 @@ def train_step(model_name, preset, args):
     return row
 
 
+def eval_pass(args, task="pathx", batches=4, batch=2, size=None):
+    """What computing each SSM kernel once per evaluation pass saves (ssm.SSMLayer.kernel_of): one pass of `batches`
+    random full-length batches of `batch` examples through the --preset paper classifier of S4 and DLR on `task`, in
+    eval mode under no_grad, with the kernels cached (now) and computed in every forward (before), the same weights
+    and inputs; size: preset values to override (tests: a small model). -> rows with both seconds, their ratio and
+    the largest output difference."""
+    rows, L = [], lra_data.TASKS[task].max_len
+    for model_name in ("s4", "dlr"):
+        values = {**models.preset_values("paper", model_name, task, spt=False), **(size or {})}
+        torch.manual_seed(0)
+        model = training_case(model_name, task, values, "finetune", batch, L)[0]().to(args.device).eval()
+        xs = [torch.randn(batch, L, model.backbone.cfg.d_input, device=args.device) for _ in range(batches)]
+        sync, out = synchronizer(args.device), {}
+        for cached in (False, True):
+            if not cached:                                   # the code before: the kernel in every forward
+                for layer in model.backbone.layers:
+                    layer.kernel_of = lambda L, kernel=layer.kernel: kernel(L)     # shadows the method
+            with torch.no_grad():
+                model.eval()                                 # a new pass
+                sync()
+                t0 = time.perf_counter()
+                logits = torch.cat([model(x, None) for x in xs])          # (batches·batch, classes)
+                sync()
+                out[cached] = (time.perf_counter() - t0, logits)
+            for layer in model.backbone.layers:
+                layer.__dict__.pop("kernel_of", None)
+        (before, a), (now, b) = out[False], out[True]
+        rows.append(dict(model=model_name, task=task, L=L, batches=batches, batch=batch,
+                         layers=values["n_layers"], d_model=values["d_model"], before_s=before, cached_s=now,
+                         ratio=before / now, max_abs_diff=float((a - b).abs().max())))
+        print(f"  eval pass {model_name:4s} {task} {batches} batches of {batch}: kernel every batch {before:.1f} s, "
+              f"once per pass {now:.1f} s ({before / now:.2f}x), max |diff| {rows[-1]['max_abs_diff']:.1e}",
+              flush=True)
+    return rows
+
+
+def eval_pass_lines(rows):
+    """The markdown of `python bench.py --eval-cache`."""
+    return ["Evaluation pass (eval mode, no_grad) of the --preset paper classifier on random full-length inputs: SSM "
+            "kernels computed in every forward (before) vs once per pass (ssm.SSMLayer.kernel_of, now). The saving "
+            "grows with the batches in a pass (PathX's 2,000 validation examples at batch 64: 32 batches).", "",
+            *table(["model", "task", "L", "layers × H", "batches × B", "before s", "now s", "before / now",
+                    "max |logit diff|"],
+                   [[r["model"], r["task"], r["L"], f"{r['layers']} × {r['d_model']}", f"{r['batches']} × {r['batch']}",
+                     f"{r['before_s']:.1f}", f"{r['cached_s']:.1f}", f"{r['ratio']:.2f}", f"{r['max_abs_diff']:.1e}"]
+                    for r in rows])]
+
+
 # ---- the report: machine, tables ------------------------------------------------------------------------------------
 
 def machine_info(argv, args):
