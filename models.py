@@ -51,3 +51,32 @@ def load_model(path, device="cpu"):
     model = build_model(ck).to(device)
     model.load_state_dict(ck["model"])
     return model.eval(), ck
+
+
+def main(argv=None):
+    """python models.py [--out FILE]: every --preset paper value of every MODELS entry with its
+    source, as markdown (results/paper_presets.md); one line on a bad flag."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(description="Print every --preset paper value and its source "
+                                            "(markdown).")
+    p.add_argument("--out", default=None, help="write the table here instead of printing it")
+    p.error = lambda m: (print(f"models.py: error: {m}", file=sys.stderr), sys.exit(2))
+    args = p.parse_args(argv)
+    if args.out and Path(args.out).is_dir():
+        p.error(f"--out {args.out} is a folder: pass a file name, e.g. results/paper_presets.md")
+    text = "\n".join(["# `--preset paper`: every value and its source", "",
+                      "Written by `python models.py --out results/paper_presets.md` "
+                      "(tests/test_paper_presets.py checks that it is current). Sizes: "
+                      "docs/presets.md.", "",
+                      *presets.paper_table(MODELS)])
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from lra.files import free_space   # the one '12.3 GB free' (the data generators' too)
 
 try:
     import fcntl  # POSIX file locks; absent on Windows
@@ -44,14 +45,6 @@ def fail(message):
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"train.py: error: {message}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def free_space(path):
-    """'12.3 GB free' on the file system that holds path (or its nearest existing parent)."""
-    probe = Path(path).resolve()
-    while not probe.exists():
-        probe = probe.parent
-    return f"{shutil.disk_usage(probe).free / 1e9:.1f} GB free"
 
 
 def cannot_write(path, error):
