@@ -438,10 +438,20 @@ class SSMBackbone(nn.Module):
         # post-norm blocks end normed
         self.norm = norm_layer(cfg.norm, H) if cfg.prenorm else nn.Identity()
 
+    # Under torch.compile this loop runs eagerly and each block compiles as its own frame: the graph
+    # break inside a block (the kernel, SSMLayer.kernel_of) would, inside a loop, make dynamo skip
+    # the whole backbone frame and run it eagerly (torch 2.13: "graph breaks in loops are not
+    # supported"). recursive=False: only this frame, not the blocks it calls.
+    @torch.compiler.disable(recursive=False)
+    def blocks(self, u, lengths):
+        """The n_layers SSM blocks in turn. u: (B, L, H) -> (B, L, H)."""
+        for layer in self.layers:
+            u = layer(u, lengths)                                               # (B, L, H)
+        return u
+
     def forward(self, inputs, lengths=None):
         check_lengths(lengths, inputs.size(0))
         u = self.encoder(inputs)                           # (B, L) | (B, L, d_input) -> (B, L, H)
         u = u.to(torch.promote_types(u.dtype, torch.float32))    # bf16 (autocast Linear) -> float32
-        for layer in self.layers:
-            u = layer(u, lengths)                                               # (B, L, H)
+        u = self.blocks(u, lengths)                                             # (B, L, H)
         return apply_norm(self.norm, u, pad_mask(lengths, u.size(1), u.device))  # (B, L, H)

@@ -151,6 +151,58 @@ def precision(args, device):
     return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
 
 
+# ---- --compile: bounded graphs, counted, no silent fallback to eager ----------------------------
+
+COMPILE_BACKEND = "inductor"        # tests use "aot_eager" (traces and runs autograd, no codegen)
+
+
+def padded_lengths(task, max_len=None):
+    """The lengths a batch of `task` can have after lra_data.collate: its buckets up to the longest
+    input (token tasks; --max-len cuts documents), or the one image length (pixel tasks)."""
+    spec = lra_data.TASKS[task]
+    if spec.kind == "pixels":
+        return [spec.max_len]
+    longest = min(spec.max_len, max_len + 1 if max_len else spec.max_len)  # + EOS
+    return sorted({lra_data.bucket_length(n) for n in range(1, longest + 1)})
+
+
+def compiled(forward, args):
+    """torch.compile(forward) for a run of args.task: static shapes (dynamic=False), so each
+    function compiles one graph per padded length and mode (train with autograd, eval under
+    no_grad): automatic dynamic shapes would not save that here, since the FFT size
+    (ssm.fft_length) branches on L and guards each length anyway. torch's recompile limit is
+    raised to that bound for two phases (SPT's model and the classifier run the same functions)
+    and hitting it is an error (fail_on_recompile_limit_hit), not a silent fallback to eager.
+    The graph breaks that remain are one per SSM layer at SSMLayer.kernel_of (the kernel is
+    complex-valued and its loops depend on L: torch.compiler.disable keeps it eager, the fork
+    recipe's kernel contract); compile_summary counts them."""
+    import torch._dynamo
+    bound = 2 * 2 * len(padded_lengths(args.task, args.max_len))  # modes × phases × lengths
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, bound)
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        torch._dynamo.config.accumulated_recompile_limit, 8 * bound)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch.compile(forward, backend=COMPILE_BACKEND, dynamic=False)
+
+
+def compile_summary(phase):
+    """-> (line for log.txt, record for log.jsonl) after `phase`: torch._dynamo's counters for this
+    process so far: graphs compiled, frames dynamo ran eagerly, graph breaks by reason (the first
+    line of each)."""
+    from torch._dynamo.utils import counters
+    graphs, frames = counters["stats"]["unique_graphs"], counters["frames"]
+    breaks = {}
+    for reason, n in counters["graph_break"].items():
+        short = reason.splitlines()[0][:80]
+        breaks[short] = breaks.get(short, 0) + n
+    eager = frames["total"] - frames["ok"]
+    line = (f"compile after {phase}: {graphs} graphs compiled in {frames['ok']} frames; fallback to eager: "
+            f"{f'{eager} frames' if eager else 'none'}; graph breaks: "
+            + ("; ".join(f"{n} × {r}" for r, n in breaks.items()) or "none"))
+    return line, {"phase": "compile", "after": phase, "graphs": graphs, "frames_compiled": frames["ok"], "frames_eager": eager,
+                  "graph_breaks": breaks}
+
+
 class SeededOrder(torch.utils.data.Sampler):
     """A new permutation of the n examples at every pass, drawn from `gen` (its state is in
     last.pt), so one DataLoader (with persistent workers) serves every epoch and the order is that

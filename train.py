@@ -133,7 +133,7 @@ def run_phase(phase, model, run, splits, resume=None):
     if world > 1:
         state.forward = DDP(model, device_ids=[run.device] if run.device.type == "cuda" else None)
     if args.compile:
-        state.forward = torch.compile(state.forward)        # `model` is saved: plain keys
+        state.forward = steps.compiled(state.forward, args)  # `model` is saved: plain keys
     ssm_lr = run.meta["config"].get("ssm_lr", phase.lr)
     ssm_names = MODELS[args.model].ssm_params
     groups = steps.param_groups(model, phase.lr, args.weight_decay, ssm_lr, ssm_names)
@@ -177,6 +177,8 @@ def run_phase(phase, model, run, splits, resume=None):
                      "best": best, "seconds": seconds, "log": entry}
             runs.save_evaluation(run.folder, phase.best_file if improved else None, saved)
         since_eval = {}
+    if args.compile:                                        # graphs so far, fallbacks, breaks
+        log(run.folder, *steps.compile_summary(phase.name))
     if world > 1:
         dist.barrier()                                      # the others read spt.pt / best.pt next
     return {"metric": best["name"], "best": best["value"], "epoch": best["epoch"],

@@ -3,6 +3,8 @@ resumes to the same metrics; a non-finite loss stops the run by name; every bad 
 line; --compile never leaks `_orig_mod.` into checkpoints; the FFT stays float32 under bf16 autocast; reading a
 PathX-sized memmap does not pull it into the process's own memory."""
 import argparse
+import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -441,7 +443,7 @@ def test_resume_of_a_finished_run_with_new_flags_names_the_flags_it_would_not_ap
 
 def test_compiled_run_saves_checkpoints_without_orig_mod_prefixes(data_dir, tmp_path, monkeypatch):
     # a real OptimizedModule, without the C++ toolchain that the default backend (inductor) needs
-    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(steps, "COMPILE_BACKEND", "eager")
     _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--compile",
                      "--pretrain-epochs", "1", "--epochs", "1")
     for name in ("spt.pt", "best.pt", "last.pt"):
@@ -449,6 +451,48 @@ def test_compiled_run_saves_checkpoints_without_orig_mod_prefixes(data_dir, tmp_
         bad = [k for k in keys if k.startswith(("_orig_mod.", "module."))]
         assert keys and not bad, f"{name} carries wrapper prefixes: {bad[:3]}"
     assert "+ torch.compile" in (run_dir / "log.txt").read_text()
+    said = [line for line in (run_dir / "log.txt").read_text().splitlines() if line.startswith("compile after")]
+    assert [line.split(":")[0] for line in said] == ["compile after spt", "compile after finetune"], said
+    assert all("fallback to eager: none" in line for line in said), said
+    counted = [r for r in records(run_dir) if r["phase"] == "compile"]
+    assert len(counted) == 2 and all(r["graphs"] > 0 and r["frames_eager"] == 0 for r in counted), counted
+
+
+def test_compiled_forward_over_12_raw_lengths_keeps_graphs_per_function_within_buckets_times_modes(monkeypatch):
+    # aot_eager: dynamo's graphs and AOT autograd as inductor gets them, without generating code (seconds, not 30 s)
+    import torch._dynamo
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.utils import counters
+    import models
+    import ssm
+    monkeypatch.setattr(steps, "COMPILE_BACKEND", "aot_eager")
+    for key in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
+        monkeypatch.setattr(torch._dynamo.config, key, getattr(torch._dynamo.config, key))
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    meta = dict(model_name="dlr", config=dataclasses.asdict(models.model_config("dlr", "listops", {
+        **models.preset_values("tiny", "dlr", "listops", False), "d_model": 16, "n_layers": 2, "d_state": 16})),
+        head=dict(kind="classifier", n_classes=10, pool="mean", pair=False))
+    model = models.build_model(meta)
+    eager = copy.deepcopy(model)
+    forward = steps.compiled(model, argparse.Namespace(task="listops", max_len=None))
+    raw = [20, 30, 45, 60, 70, 90, 100, 130, 150, 170, 190, 250]             # 12 raw lengths, 7 buckets
+    buckets = {lra_data.bucket_length(n) for n in raw}
+    for mode in ("train", "eval"):
+        model.train(mode == "train"), eager.train(mode == "train")
+        for n in raw:
+            torch.manual_seed(n)
+            x, lengths, _ = lra_data.collate([(torch.randint(4, 16, (m,)), 0) for m in (n, n // 2 + 1, n - 1)])
+            with torch.set_grad_enabled(mode == "train"):
+                got, want = forward(x, lengths), eager(x, lengths)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{mode}, L {n}: compiled != eager")
+                if mode == "train":
+                    got.sum().backward()
+    for fn in (heads.Classifier.forward, ssm.SSMBackbone.forward, ssm.SSMLayer.forward):
+        entries = len(_debug_get_cache_entry_list(fn.__code__))
+        assert 0 < entries <= 2 * len(buckets), f"{fn.__qualname__}: {entries} graphs for {len(buckets)} lengths × 2"
+    assert counters["frames"]["total"] == counters["frames"]["ok"], f"frames run eagerly: {dict(counters['frames'])}"
 
 
 def test_fft_convolution_stays_float32_under_bf16_autocast(monkeypatch):
