@@ -71,8 +71,8 @@ def parse_args(argv=None):
          help="estimate the peak memory of the --preset paper runs instead")
     flag("--eval-cache", action="store_true",
          help="an evaluation pass at PathX, SSM kernels per batch vs once per pass, instead")
-    flag("--eval-batches", type=positive(int), default=4, help="--eval-cache: batches in the pass")
-    flag("--eval-batch", type=positive(int), default=2, help="--eval-cache: examples per batch")
+    flag("--eval-batches", type=at_least(1), default=4, help="--eval-cache: batches in the pass")
+    flag("--eval-batch", type=at_least(1), default=2, help="--eval-cache: examples per batch")
     flag("--gpu-check", action="store_true", help="the GPU check (tools/gpu_check.py)")
     flag("--minutes", type=in_range(0, math.inf, open_low=True), default=6.0,
          help="--gpu-check: all of it, from the process's start")

@@ -140,13 +140,21 @@ def set_tf32(on):
 def full_fp32_matmuls():
     """Inside the block CUDA's float32 matmuls are true float32 ones (no TF32), whatever the process
     set; the precision before is restored after (also on an exception, nested blocks too); a state
-    that torch could not read before (mixed APIs) comes back readable. (On a CPU float32 matmuls are
+    that torch could not read before (mixed APIs) comes back readable. Where the process already
+    runs true float32 it changes nothing: set_float32_matmul_precision also sets oneDNN's CPU
+    matmul mode, whose default ("none") would else turn into "ieee". (On a CPU float32 matmuls are
     float32 anyway.)"""
-    old = set_matmul_precision("highest")
+    try:                                # already true float32 and readable: nothing to change
+        exact = (torch.get_float32_matmul_precision() == "highest"
+                 and not torch._C._get_cublas_allow_tf32())
+    except RuntimeError:                # torch >= 2.9 after a mix of its TF32 APIs
+        exact = False
+    old = None if exact else set_matmul_precision("highest")
     try:
         yield
     finally:
-        set_matmul_precision(old)
+        if old is not None:
+            set_matmul_precision(old)
 
 
 class Matmul(torch.autograd.Function):
@@ -438,20 +446,15 @@ class SSMBackbone(nn.Module):
         # post-norm blocks end normed
         self.norm = norm_layer(cfg.norm, H) if cfg.prenorm else nn.Identity()
 
-    # Under torch.compile this loop runs eagerly and each block compiles as its own frame: the graph
-    # break inside a block (the kernel, SSMLayer.kernel_of) would, inside a loop, make dynamo skip
-    # the whole backbone frame and run it eagerly (torch 2.13: "graph breaks in loops are not
-    # supported"). recursive=False: only this frame, not the blocks it calls.
+    # Under torch.compile this frame runs eagerly and what it calls (the encoder, each block, the
+    # norm) compiles as its own frame: the graph break inside a block (the kernel,
+    # SSMLayer.kernel_of) would, inside this loop, make dynamo skip the whole frame anyway (torch
+    # 2.13: "graph breaks in loops are not supported"). recursive=False: only this frame.
     @torch.compiler.disable(recursive=False)
-    def blocks(self, u, lengths):
-        """The n_layers SSM blocks in turn. u: (B, L, H) -> (B, L, H)."""
-        for layer in self.layers:
-            u = layer(u, lengths)                                               # (B, L, H)
-        return u
-
     def forward(self, inputs, lengths=None):
         check_lengths(lengths, inputs.size(0))
         u = self.encoder(inputs)                           # (B, L) | (B, L, d_input) -> (B, L, H)
         u = u.to(torch.promote_types(u.dtype, torch.float32))    # bf16 (autocast Linear) -> float32
-        u = self.blocks(u, lengths)                                             # (B, L, H)
+        for layer in self.layers:
+            u = layer(u, lengths)                                               # (B, L, H)
         return apply_norm(self.norm, u, pad_mask(lengths, u.size(1), u.device))  # (B, L, H)

@@ -375,11 +375,13 @@ def main(argv=None):
     knobs = ", ".join(f"{k} {getattr(args, k)}" for k in OBJECTIVES[args.objective].flags)
     plan = (f"SPT {args.objective}{f' ({knobs})' if knobs else ''}, then fine-tune" if args.spt
             else f"fine-tune from {args.init_from}" if args.init_from else "from scratch (TFS)")
-    lines = runs.startup_lines(args, plan, notes, data, classifier, meta)
+    memory_lines, memory_plan = steps.plan_memory(args, meta, device, world)   # micro-batches
+    lines = runs.startup_lines(args, plan, notes, data, classifier, meta) + memory_lines
     if resume:
         lines.insert(0, f"resuming after {resume['phase']} epoch {resume['epoch']} (step "
                         f"{resume['step']})")
     config = runs.run_meta(meta, args, argv, data, device)       # config.json
+    config["memory_plan"] = memory_plan
     with runs.run_folder(args, config, lines, lock) as folder:
         run = runs.Run(args, device, folder, meta)
         log(folder, f"run folder: {folder}")

@@ -423,7 +423,7 @@ def test_forward_traces_as_one_graph_so_it_never_waits_for_the_device(name, padd
     for Kernel in (S4Kernel, DLRKernel):
         monkeypatch.setattr(Kernel, "forward", Kernel.forward.__wrapped__)
     monkeypatch.setattr(SSMLayer, "kernel_of", SSMLayer.kernel_of.__wrapped__)   # (training: no cache lookup)
-    monkeypatch.setattr(ssm.SSMBackbone, "blocks", ssm.SSMBackbone.blocks.__wrapped__)
+    monkeypatch.setattr(ssm.SSMBackbone, "forward", ssm.SSMBackbone.forward.__wrapped__)
     monkeypatch.setattr(ssm, "TF32_IN_KERNELS", True)   # plain `@`: the TF32 guard's flag calls are host-only, not syncs
     torch._dynamo.reset()
     model = backbone_of(name, d_model=8, n_layers=1, d_state=8, vocab_size=12, norm="batch", dropout=0.1)
