@@ -9,7 +9,6 @@ import argparse
 import copy
 import math
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 
 import lra_data
 import models
+import runs
 import ssm
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
@@ -250,13 +250,11 @@ def eval_pass_lines(rows):
 def machine_info(argv, args):
     """What the numbers depend on: the machine, its load (1, 5, 15 min), the threads, torch, the commit."""
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    git = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent)
     gpu = device_type(args.device) == "cuda"
     return dict(cpu=torch.cuda.get_device_name(args.device) if gpu else cpu, cores=os.cpu_count(),
                 torch_threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), load=[round(x, 2) for x in os.getloadavg()],
-                torch=torch.__version__, commit=git.stdout.strip() or "?", command=" ".join(["python bench.py", *argv]))
+                torch=torch.__version__, commit=runs.git_commit(), command=" ".join(["python bench.py", *argv]))
 
 
 
