@@ -153,8 +153,7 @@ def test_the_paper_scale_main_command_passes_train_py_checks_with_the_presets_ba
     (tmp_path / "pathx").mkdir()
     flags, n = gpu_check.main_flags(check, check.scale["main_steps"])
     run = train.parse_flags(flags)[0]
-    presets.check(run, presets.apply(run, train.MODELS["dlr"])[0], train.MODELS["dlr"],
-                  train.OBJECTIVES[run.objective])                       # raises on a bad flag
+    presets.check(run, presets.apply(run, train.MODELS["dlr"])[0], train.MODELS["dlr"])   # raises on a bad flag
     preset = models.preset_values("paper", "dlr", "pathx", True)
     assert (run.batch_size, run.pretrain_batch_size) == (preset["batch_size"], preset["pretrain_batch_size"]), vars(run)
     assert run.max_steps == 20 and run.spt and run.preset == "paper" and n >= run.max_train / 0.8, vars(run)
