@@ -5,12 +5,15 @@ speed:   one layer of each (forward + backward) at growing L, its SSM kernel alo
          (tools/speed.py)
 memory:  --memory: the estimated peak of every --preset paper step, checked against real CPU steps
          (tools/memory.py)
-check:   --gpu-check: kernels under TF32, layers, short paper runs and the main command in
-         miniature, then the paper's first claim, within --minutes of the process's start
-         (tools/gpu_check.py)
+eval:    --eval-cache: an evaluation pass at PathX's paper configuration with the SSM kernels
+         computed per batch (before) and once per pass (now) (tools/speed.py)
+check:   --gpu-check: TF32 state, kernels against float64, the main command under sync debug
+         mode, the largest presets' memory, fused attention, --compile, the SPT batch, within
+         --minutes of the process's start (tools/gpu_check.py)
 usage:   python bench.py [--quick] [--device cuda] [--precision bf16] [--out runs/bench.json]
          python bench.py --memory [--out ...]
-         python bench.py --device cuda --gpu-check [--minutes 6] [--out-dir results/gpu/<device>]
+         python bench.py --eval-cache [--eval-batches 4] [--eval-batch 2] [--out ...]
+         python bench.py --device cuda --gpu-check --out-dir DIR [--minutes 8]
 Check: tests/test_bench.py, tests/test_gpu_check.py.
 """
 import os
@@ -66,14 +69,18 @@ def parse_args(argv=None):
     flag("--quick", action="store_true", help=f"fewer lengths, shorter timing: {speed.QUICK}")
     flag("--memory", action="store_true",
          help="estimate the peak memory of the --preset paper runs instead")
+    flag("--eval-cache", action="store_true",
+         help="an evaluation pass at PathX, SSM kernels per batch vs once per pass, instead")
+    flag("--eval-batches", type=at_least(1), default=4, help="--eval-cache: batches in the pass")
+    flag("--eval-batch", type=at_least(1), default=2, help="--eval-cache: examples per batch")
     flag("--gpu-check", action="store_true", help="the GPU check (tools/gpu_check.py)")
-    flag("--minutes", type=in_range(0, math.inf, open_low=True), default=6.0,
+    flag("--minutes", type=in_range(0, math.inf, open_low=True), default=8.0,
          help="--gpu-check: all of it, from the process's start")
     flag("--check-scale", choices=["paper", "tiny"], default=None,
          help="--gpu-check sizes (default: paper on cuda, tiny on cpu: width 16, one layer, "
               "a few steps)")
     flag("--out-dir", default=None,
-         help="--gpu-check: output folder (default results/gpu/<device>)")
+         help="--gpu-check: output folder (default: a new temporary folder, printed)")
     flag("--lengths", type=at_least(1), nargs="+", default=None,
          help=f"lengths L ({speed.FULL['lengths']})")
     flag("--batch", type=at_least(1), default=speed.DEFAULTS["batch"],
@@ -158,6 +165,7 @@ def report(res, args):
              f"torch {m['torch']}; commit {m['commit']}; `{m['command']}`; "
              f"run time {res['seconds']:.0f} s", ""]
     return "\n".join(lines + (memory.memory_lines(res) if args.memory
+                               else speed.eval_pass_lines(res["eval_pass"]) if args.eval_cache
                                else speed.speed_lines(res, args)))
 
 
@@ -169,8 +177,12 @@ def main(argv=None):
         return gpu_check.gpu_check(args, argv, STARTED)
     res = dict(args=vars(args), machine=speed.machine_info(argv, args))
     print(f"bench: {res['machine']}\n  {vars(args)}", flush=True)
-    res.update(dict(memory=memory.memory_table(), check=memory.memory_check()) if args.memory
-               else speed.speed(args))
+    if args.memory:
+        res.update(memory=memory.memory_table(), check=memory.memory_check())
+    elif args.eval_cache:
+        res.update(eval_pass=speed.eval_pass(args, batches=args.eval_batches, batch=args.eval_batch))
+    else:
+        res.update(speed.speed(args))
     res["seconds"] = time.perf_counter() - t0
     text = report(res, args)
     print(text)

@@ -60,6 +60,8 @@ class Classifier(nn.Module):
             B = x.size(0)
             x = x.flatten(0, 1)                                      # (2B, L): each document alone
             lengths = None if lengths is None else lengths.flatten()     # (2B,)
+        # torch.compile: an SSM backbone runs its frame eagerly (ssm.SSMBackbone.forward), which
+        # splits this frame here: one graph before, one after (steps.compiled)
         z = pool(self.backbone(x, lengths), lengths, self.pool)          # (B or 2B, D)
         if self.pair:
             a, b = z.view(B, 2, -1).unbind(1)                            # (B, D) each

@@ -88,12 +88,8 @@ TRANSFORMER_CONFIG = {"listops": (100, 100, 2000), "text": (65, 32, 5000),
 SPT_EPOCHS = {("s4", "listops"): 100}
 PAPER_GENERATE = {"listops": 100_000, "pathfinder": 200_000, "pathx": 200_000,  # LRA's sizes
                   "pathx256": 200_000}
-# (model, task, phase) -> the largest micro-batch that fits 80 GB in bf16 with 10 % headroom
-# (memory.py's estimate, results/memory.md); a larger paper batch is split into micro-batches
-# (accum_steps): the same update, except that BatchNorm (S4 here) normalises each micro-batch with
-# its own statistics, as it does each DDP process's rows
-MAX_MICRO_BATCH = {("s4", "retrieval", "finetune"): 128, ("dlr", "retrieval", "finetune"): 128,
-                   ("s4", "pathx256", "finetune"): 16, ("dlr", "pathx256", "finetune"): 16}
+# accum_steps: the paper's batch in one step here; on a GPU train.py splits a phase's batch into
+# micro-batches that fit the card in hand (steps.plan_memory, tools/memory.py's estimate)
 
 
 def ssm_row(model, task, spt, s4_batch):
@@ -116,12 +112,9 @@ def ssm_row(model, task, spt, s4_batch):
 
 
 def per_phase_accum(values, model, task):
-    """accum_steps and pretrain_accum_steps: the micro-batches that make each phase's batch fit
-    (MAX_MICRO_BATCH)."""
-    for phase, batch, accum in (("finetune", "batch_size", "accum_steps"),
-                                ("spt", "pretrain_batch_size", "pretrain_accum_steps")):
-        values[accum] = -(-values[batch]
-                          // MAX_MICRO_BATCH.get((model, task, phase), values[batch]))
+    """accum_steps and pretrain_accum_steps: 1 (the whole batch); the card in hand decides at start-up
+    (steps.plan_memory)."""
+    values.update(accum_steps=1, pretrain_accum_steps=1)
     return values
 
 
@@ -140,7 +133,7 @@ def transformer_paper(task, spt):
     sources.update(dict.fromkeys(["batch_size", "pretrain_batch_size", "epochs", "pretrain_epochs",
                                   "warmup"], "authors' Transformer config"))
     sources.update(lr="paper Table 4", pretrain_lr="paper Table 4", weight_decay="paper §4 (none)",
-                   accum_steps="ours (fits 80 GB)", pretrain_accum_steps="ours (fits 80 GB)")
+                   accum_steps="planned on the card at start-up", pretrain_accum_steps="planned on the card at start-up")
     return per_phase_accum(values, "transformer", task), sources
 
 
@@ -164,7 +157,7 @@ def ssm_paper(model, task, spt):
     values["pretrain_epochs"] = SPT_EPOCHS.get((model, task), values["epochs"])
     sources["pretrain_epochs"] = ("authors' S4 SPT config" if (model, task) in SPT_EPOCHS
                                   else "= fine-tuning epochs")
-    sources.update(accum_steps="ours (fits 80 GB)", pretrain_accum_steps="ours (fits 80 GB)")
+    sources.update(accum_steps="planned on the card at start-up", pretrain_accum_steps="planned on the card at start-up")
     return per_phase_accum(values, model, task), sources
 
 
@@ -350,12 +343,10 @@ def apply(args, entry):
     world = int(os.environ.get("WORLD_SIZE", 1))          # DDP: torchrun's processes
     for phase, batch, accum in (("finetune", "batch_size", "accum_steps"),
                                 ("spt", "pretrain_batch_size", "pretrain_accum_steps")):
-        most = (MAX_MICRO_BATCH.get((args.model, args.task, phase)) if args.preset == "paper"
-                else None)
         per_process = -(-getattr(args, batch) // world)   # rows of a global batch per process
-        # memory per process: split this process's rows, not the card's
-        if most and accum not in accum_given:
-            setattr(args, accum, -(-per_process // most))
+        # --preset paper: None = planned from the card in hand (steps.plan_memory), per process
+        if args.preset == "paper" and accum not in accum_given:
+            setattr(args, accum, None)
         if world > 1 and per_process <= 1 and (phase == "finetune" or args.spt):
             notes.append(f"note: --{batch.replace('_', '-')} {getattr(args, batch)} over {world} "
                          f"processes leaves each process at most one example per step (its GPU "

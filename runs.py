@@ -264,7 +264,9 @@ def run_meta(meta, args, argv, data, device):
     """config.json: the model's description, all settings, and what else the numbers depend on."""
     return dict(meta, preset=args.preset, device=str(device), torch=torch.__version__,
                 git=git_commit(), data_source=data.source, data_notes=data.notes,
-                machine=machine(device), command=sys.argv if argv is None else ["train.py", *argv])
+                machine=machine(device), command=sys.argv if argv is None else ["train.py", *argv],
+                deterministic={"algorithms": torch.are_deterministic_algorithms_enabled(),
+                               "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")})
 
 
 def absolute_paths(args):

@@ -97,26 +97,64 @@ def check_lengths(lengths, batch_size):
 TF32_IN_KERNELS = False
 
 
-def tf32_flag():
-    """(name, on, off) of the attribute of torch.backends.cuda.matmul that lets CUDA's float32
-    matmuls use TF32: fp32_precision "tf32" / "ieee" where it exists (torch ≥ 2.9, where reading the
-    older flag after it was set raises), else allow_tf32 True / False."""
-    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
-        return "fp32_precision", "tf32", "ieee"
-    return "allow_tf32", True, False
+def matmul_precision():
+    """torch's float32 matmul precision now: "highest" (no TF32), "high" (TF32) or "medium", never
+    raising. torch >= 2.9 raises on torch.get_float32_matmul_precision() (and on cuBLAS's own query,
+    torch._C._get_cublas_allow_tf32) once its legacy and new TF32 APIs were mixed, e.g. after a
+    fork's `torch.backends.cuda.matmul.fp32_precision = "tf32"`; the new API's own value still
+    answers then. A torch without that API (< 2.9) never raises here."""
+    try:
+        return torch.get_float32_matmul_precision()
+    except RuntimeError:
+        if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):     # torch < 2.9: not ours
+            raise
+        return {"tf32": "high", "bf16": "medium"}.get(torch.backends.cuda.matmul.fp32_precision,
+                                                      "highest")
+
+
+def set_matmul_precision(precision):
+    """Set CUDA's float32 matmul precision ("highest": no TF32, "high": TF32, "medium") by
+    torch.set_float32_matmul_precision, the one setter after which cuBLAS's query, the legacy flag
+    torch.backends.cuda.matmul.allow_tf32 and torch.get_float32_matmul_precision() all answer, from
+    every starting state (legacy allow_tf32, the new fp32_precision, set_float32_matmul_precision
+    "highest" / "high" / "medium"; tests/test_ssm.py, measured on torch 2.13.0 and 2.14.1). On
+    torch >= 2.9 the new `fp32_precision = "tf32"` alone leaves the query raising ("mix of the legacy
+    and new APIs"), and `allow_tf32 = False` after set_float32_matmul_precision("high") leaves
+    get_float32_matmul_precision() raising. On a torch without the new API it sets the flag that
+    allow_tf32 reads. Returns the precision before (matmul_precision())."""
+    old = matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    return old
+
+
+def set_tf32(on):
+    """TF32 on (True) or off for CUDA's float32 matmuls (set_matmul_precision "high" / "highest")
+    and cuDNN's convolutions (the legacy torch.backends.cudnn.allow_tf32, which its query reads
+    without raising from every starting state; the new cudnn.conv.fp32_precision does not).
+    Returns the matmul precision before."""
+    torch.backends.cudnn.allow_tf32 = on
+    return set_matmul_precision("high" if on else "highest")
 
 
 @contextlib.contextmanager
 def full_fp32_matmuls():
     """Inside the block CUDA's float32 matmuls are true float32 ones (no TF32), whatever the process
-    set; restored after. (On a CPU float32 matmuls are float32 anyway.)"""
-    name, _, off = tf32_flag()
-    old = getattr(torch.backends.cuda.matmul, name)
-    setattr(torch.backends.cuda.matmul, name, off)
+    set; the precision before is restored after (also on an exception, nested blocks too); a state
+    that torch could not read before (mixed APIs) comes back readable. Where the process already
+    runs true float32 it changes nothing: set_float32_matmul_precision also sets oneDNN's CPU
+    matmul mode, whose default ("none") would else turn into "ieee". (On a CPU float32 matmuls are
+    float32 anyway.)"""
+    try:                                # already true float32 and readable: nothing to change
+        exact = (torch.get_float32_matmul_precision() == "highest"
+                 and not torch._C._get_cublas_allow_tf32())
+    except RuntimeError:                # torch >= 2.9 after a mix of its TF32 APIs
+        exact = False
+    old = None if exact else set_matmul_precision("highest")
     try:
         yield
     finally:
-        setattr(torch.backends.cuda.matmul, name, old)
+        if old is not None:
+            set_matmul_precision(old)
 
 
 class Matmul(torch.autograd.Function):
@@ -322,6 +360,30 @@ class SSMLayer(nn.Module):
         self.D = nn.Parameter(torch.randn(cfg.d_model))              # (H,), skip connection
         self.out = nn.Linear(cfg.d_model, 2 * cfg.d_model)           # H -> 2H, halved by the GLU
         self.norm = norm_layer(cfg.norm, cfg.d_model)
+        self.kernels = ((), {})          # eval, no grad: (parameter versions, {L: kernel})
+
+    def train(self, mode=True):
+        """nn.Module.train; a change of mode starts a new pass: the cached kernels are dropped."""
+        self.kernels = ((), {})
+        return super().train(mode)
+
+    # a dict of tensors keyed by lengths and parameter versions: eager, as the kernel itself is
+    @torch.compiler.disable
+    def kernel_of(self, L):
+        """self.kernel(L), computed once per evaluation pass: in eval mode under torch.no_grad() the
+        kernel's parameters cannot change inside the pass, so each length's kernel is kept until
+        the mode changes or a parameter is written (its version counter or storage changes:
+        load_state_dict, an in-place edit, .to()). Training and autograd: computed every call.
+        -> (H, L) or (2, H, L), the kernel's output itself."""
+        if self.training or torch.is_grad_enabled():
+            return self.kernel(L)
+        versions = tuple((p.data_ptr(), p._version) for p in self.kernel.parameters())
+        if versions != self.kernels[0]:
+            self.kernels = (versions, {})
+        cache = self.kernels[1]
+        if L not in cache:
+            cache[L] = self.kernel(L)
+        return cache[L]
 
     def forward(self, u, lengths=None):
         """u: (B, L, H) float; lengths: (B,) long, or None = no padding. Returns (B, L, H), u's
@@ -335,7 +397,7 @@ class SSMLayer(nn.Module):
         if mask is not None:
             z = z * mask[..., None]    # so a backward kernel cannot carry pads to real positions
         with torch.autocast(u.device.type, enabled=False):           # FFT in ≥ fp32, even under AMP
-            k = self.kernel(L)                                               # (H, L) or (2, H, L)
+            k = self.kernel_of(L)                                            # (H, L) or (2, H, L)
             dtype = torch.promote_types(k.dtype, torch.float32)
             z = z.transpose(1, 2).to(dtype)                                  # (B, H, L)
             y = fft_conv(z, k.to(dtype)) + self.D.to(dtype)[:, None] * z     # (B, H, L)
@@ -384,6 +446,11 @@ class SSMBackbone(nn.Module):
         # post-norm blocks end normed
         self.norm = norm_layer(cfg.norm, H) if cfg.prenorm else nn.Identity()
 
+    # Under torch.compile this frame runs eagerly and what it calls (the encoder, each block, the
+    # norm) compiles as its own frame: the graph break inside a block (the kernel,
+    # SSMLayer.kernel_of) would, inside this loop, make dynamo skip the whole frame anyway (torch
+    # 2.13: "graph breaks in loops are not supported"). recursive=False: only this frame.
+    @torch.compiler.disable(recursive=False)
     def forward(self, inputs, lengths=None):
         check_lengths(lengths, inputs.size(0))
         u = self.encoder(inputs)                           # (B, L) | (B, L, d_input) -> (B, L, H)

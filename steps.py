@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 import lra_data
 from runs import fail
-from ssm import tf32_flag
+from ssm import set_tf32
 
 # the progress bar and the non-finite guard read device values once every this many steps
 PROGRESS_STEPS = 25
@@ -62,9 +62,23 @@ def all_sum(total):
     return dict(zip(total, values.unbind()))
 
 
+def deterministic(on):
+    """--deterministic: torch's deterministic algorithms (an op without a deterministic kernel stops
+    the run with torch's error naming it) and cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG
+    ":4096:8", which cuBLAS reads when CUDA starts: so this runs before any CUDA call); cuDNN's
+    autotuner off. Costs speed on a GPU (docs/gpu.md); a CPU run is deterministic anyway. What is
+    in force goes into config.json (runs.run_meta)."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+
+
 def setup_device(args):
     """-> (device, world size): checks --device and that --out can be written (making --out
-    itself); settles --precision (printed, in config.json) and --workers."""
+    itself); settles --deterministic (before any CUDA call), --precision (printed, in config.json)
+    and --workers."""
+    deterministic(getattr(args, "deterministic", False))
     try:
         device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except ValueError as e:
@@ -129,13 +143,104 @@ def precision(args, device):
     if name is None:
         name = "fp32" if device.type != "cuda" else (
             "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16")
-    flag, on, off = tf32_flag()
-    # also on a CPU: no effect there
-    setattr(torch.backends.cuda.matmul, flag, on if name == "tf32" else off)
-    torch.backends.cudnn.allow_tf32 = name == "tf32"
+    # by the setter that leaves torch's TF32 state readable from any state a user's code left
+    # (ssm.set_tf32, docs/gpu.md); also on a CPU, where only oneDNN on CPUs with TF32 units reads it
+    set_tf32(name == "tf32")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
     amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
     return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
+
+
+# ---- the memory plan: micro-batches from the card in hand ------------------------------------
+
+def plan_memory(args, meta, device, world):
+    """Each phase's micro-batches -> (start-up lines, config.json record). An accum_steps left None
+    (--preset paper without --accum-steps) is planned: on CUDA the smallest count that divides this
+    process's rows and whose micro-batch's estimated peak (tools/memory.py, at the length batches
+    pad to) fits HEADROOM of the card (torch.cuda.mem_get_info, never more than is free); on a CPU
+    1. A given count is kept and estimated on CUDA. Every line says micro-batch, accumulation
+    steps and estimated peak; an estimate over the card is a note, not an error (it is an
+    estimate)."""
+    from tools import memory
+    phases = [("spt", "pretrain_batch_size", "pretrain_accum_steps")] if args.spt else []
+    phases += [("finetune", "batch_size", "accum_steps")]
+    cuda, record, lines = device.type == "cuda", {}, []
+    budget, total = memory.card_budget(device) if cuda else (None, None)
+    L = max(padded_lengths(args.task, args.max_len))
+    for phase, batch, accum in phases:
+        rows = -(-getattr(args, batch) // world)            # this process's rows of a step
+        if not cuda:
+            setattr(args, accum, getattr(args, accum) or 1)
+            record[phase] = dict(batch=rows, accum_steps=getattr(args, accum),
+                                 micro_batch=-(-rows // getattr(args, accum)), L=L, est_gib=None)
+            lines.append(f"memory plan {phase}: micro-batch {record[phase]['micro_batch']} × "
+                         f"{getattr(args, accum)} accumulation steps (no card: not estimated)")
+            continue
+        plan = memory.plan_phase(args.model, args.task, meta["config"], phase, rows, L,
+                                 args.precision, budget, getattr(args, accum))
+        setattr(args, accum, plan["accum_steps"])
+        record[phase] = dict(plan, card_gib=total / 2**30)
+        lines.append(f"memory plan {phase}: micro-batch {plan['micro_batch']} × {plan['accum_steps']}"
+                     f" accumulation steps, estimated peak {plan['est_gib']:.1f} GiB at L {L} of "
+                     f"{plan['budget_gib']:.1f} GiB planned ({memory.HEADROOM:.0%} of the card's "
+                     f"{total / 2**30:.1f} GiB, at most what is free)")
+        if not plan["fits"]:
+            lines.append(f"note: {phase}: even micro-batch {plan['micro_batch']} is estimated over "
+                         f"the plan; pass a smaller --{batch.replace('_', '-')}")
+    return lines, record
+
+
+# ---- --compile: bounded graphs, counted, no silent fallback to eager ----------------------------
+
+COMPILE_BACKEND = "inductor"        # tests use "aot_eager" (traces and runs autograd, no codegen)
+
+
+def padded_lengths(task, max_len=None):
+    """The lengths a batch of `task` can have after lra_data.collate: its buckets up to the longest
+    input (token tasks; --max-len cuts documents), or the one image length (pixel tasks)."""
+    spec = lra_data.TASKS[task]
+    if spec.kind == "pixels":
+        return [spec.max_len]
+    longest = min(spec.max_len, max_len + 1 if max_len else spec.max_len)  # + EOS
+    return sorted({lra_data.bucket_length(n) for n in range(1, longest + 1)})
+
+
+def compiled(forward, args):
+    """torch.compile(forward) for a run of args.task: static shapes (dynamic=False), so each
+    function compiles one graph per padded length and mode (train with autograd, eval under
+    no_grad): automatic dynamic shapes would not save that here, since the FFT size
+    (ssm.fft_length) branches on L and guards each length anyway. torch's recompile limit is
+    raised to that bound for two phases (SPT's model and the classifier run the same functions)
+    and hitting it is an error (fail_on_recompile_limit_hit), not a silent fallback to eager.
+    The graph breaks that remain: one per SSM layer at SSMLayer.kernel_of (the kernel is
+    complex-valued and its loops depend on L: torch.compiler.disable keeps it eager, the fork
+    recipe's kernel contract), and the classifier's frame at the SSM backbone, whose own frame
+    runs its layer loop eagerly (ssm.SSMBackbone.forward); compile_summary counts them."""
+    import torch._dynamo
+    bound = 2 * 2 * len(padded_lengths(args.task, args.max_len))  # modes × phases × lengths
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, bound)
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        torch._dynamo.config.accumulated_recompile_limit, 8 * bound)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch.compile(forward, backend=COMPILE_BACKEND, dynamic=False)
+
+
+def compile_summary(phase):
+    """-> (line for log.txt, record for log.jsonl) after `phase`: torch._dynamo's counters for this
+    process so far: graphs compiled, frames dynamo ran eagerly, graph breaks by reason (the first
+    line of each)."""
+    from torch._dynamo.utils import counters
+    graphs, frames = counters["stats"]["unique_graphs"], counters["frames"]
+    breaks = {}
+    for reason, n in counters["graph_break"].items():
+        short = reason.splitlines()[0][:80]
+        breaks[short] = breaks.get(short, 0) + n
+    eager = frames["total"] - frames["ok"]
+    line = (f"compile after {phase}: {graphs} graphs compiled in {frames['ok']} frames; fallback to eager: "
+            f"{f'{eager} frames' if eager else 'none'}; graph breaks: "
+            + ("; ".join(f"{n} × {r}" for r, n in breaks.items()) or "none"))
+    return line, {"phase": "compile", "after": phase, "graphs": graphs, "frames_compiled": frames["ok"], "frames_eager": eager,
+                  "graph_breaks": breaks}
 
 
 class SeededOrder(torch.utils.data.Sampler):

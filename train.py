@@ -104,6 +104,7 @@ def parse_flags(argv):
          help="default: bf16 or fp16 on CUDA, fp32 on CPU (docs/gpu.md)")
     flag("--amp", action="store_true", help="old name of --precision bf16")
     flag("--compile", action="store_true", help="torch.compile (checkpoints keep plain keys)")
+    flag("--deterministic", action="store_true", help="deterministic algorithms (slower; docs/gpu.md)")
     flag("--out", default="runs", help="parent folder of the run folder")
     flag("--init-from", default=None, help="fine-tune this checkpoint's backbone (an spt.pt)")
     flag("--resume", default=None, help="continue the stopped run in this folder")
@@ -146,7 +147,7 @@ def run_phase(phase, model, run, splits, resume=None):
     if world > 1:
         state.forward = DDP(model, device_ids=[run.device] if run.device.type == "cuda" else None)
     if args.compile:
-        state.forward = torch.compile(state.forward)        # `model` is saved: plain keys
+        state.forward = steps.compiled(state.forward, args)  # `model` is saved: plain keys
     ssm_lr = run.meta["config"].get("ssm_lr", phase.lr)
     ssm_names = MODELS[args.model].ssm_params
     groups = steps.param_groups(model, phase.lr, args.weight_decay, ssm_lr, ssm_names)
@@ -193,6 +194,8 @@ def run_phase(phase, model, run, splits, resume=None):
                      "best": best, "seconds": seconds, "log": entry}
             runs.save_evaluation(run.folder, phase.best_file if improved else None, saved)
         since_eval = {}
+    if args.compile:                                        # graphs so far, fallbacks, breaks
+        log(run.folder, *steps.compile_summary(phase.name))
     stopped = 0 < phase.patience <= stale
     if stopped:
         log(run.folder, f"{phase.name}: stopped after epoch {last}/{phase.epochs}: "
@@ -429,11 +432,13 @@ def main(argv=None):
     knobs = ", ".join(f"{k} {getattr(args, k)}" for k in OBJECTIVES[args.objective].flags)
     plan = (f"SPT {args.objective}{f' ({knobs})' if knobs else ''}, then fine-tune" if args.spt
             else f"fine-tune from {args.init_from}" if args.init_from else "from scratch (TFS)")
-    lines = runs.startup_lines(args, plan, notes, data, classifier, meta)
+    memory_lines, memory_plan = steps.plan_memory(args, meta, device, world)   # micro-batches
+    lines = runs.startup_lines(args, plan, notes, data, classifier, meta) + memory_lines
     if resume:
         lines.insert(0, f"resuming after {resume['phase']} epoch {resume['epoch']} (step "
                         f"{resume['step']})")
     config = runs.run_meta(meta, args, argv, data, device)       # config.json
+    config["memory_plan"] = memory_plan
     with runs.run_folder(args, config, lines, lock) as folder, \
             loggers.mirror(args.log_to, folder, config):    # --log-to: log.jsonl's records
         run = runs.Run(args, device, folder, meta)

@@ -110,3 +110,12 @@ def test_an_out_that_is_a_folder_is_refused_before_anything_is_measured(tmp_path
     with pytest.raises(SystemExit) as e:
         bench.main(["--out", str(tmp_path)])
     assert e.value.code == 2 and "is a folder" in capsys.readouterr().err
+
+
+def test_eval_pass_with_kernels_once_per_pass_gives_the_same_logits_and_measures_both():
+    from tools import speed
+    rows = speed.eval_pass(speed.settings(), task="pathfinder", batches=3, batch=2,
+                           size=dict(d_model=8, n_layers=2, d_state=8))
+    assert [r["model"] for r in rows] == ["s4", "dlr"]
+    for r in rows:
+        assert r["max_abs_diff"] < 1e-5 and r["before_s"] > 0 and r["cached_s"] > 0, r

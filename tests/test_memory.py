@@ -1,10 +1,15 @@
 """Facts about memory.py: the counter counts each storage once and forgets it when freed, the estimate from one and two
-layers equals the whole model's, it matches real CPU training steps, and every --preset paper run fits 80 GB."""
+layers equals the whole model's, it matches real CPU training steps, and the plan of every --preset paper run fits a
+simulated 80 GB and 141 GB card in micro-batches of the paper's batch."""
+import dataclasses
+
+import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lra_data
 import models
+import steps
 from tools import memory
 import train
 
@@ -37,14 +42,52 @@ def test_memory_estimate_matches_measured_peak_within_25_percent():
     assert not bad, f"estimate and real CPU step disagree by more than 25 %: {bad}"
 
 
-def test_every_paper_preset_fits_80_gb_in_bf16_as_configured():
-    too_big = []
-    for model_name in train.MODELS:
-        for task in lra_data.TASKS:
-            for phase in memory.PHASES:
-                est = memory.paper_memory(model_name, task, phase, "bf16")
-                if not est["fits"]:
-                    too_big.append(f"{model_name}/{task}/{phase}: {est['gib']:.1f} GiB at micro-batch "
-                                   f"{est['micro_batch']} (batch {est['batch']}, accum_steps {est['accum_steps']})")
-    assert not too_big, (f"over {memory.HEADROOM:.0%} of {memory.GPU_GIB} GiB in bf16 (raise accum_steps in "
-                         f"presets.py; `python bench.py --memory` prints the smallest that fits): {too_big}")
+PAPER = [(m, t) for m, entry in train.MODELS.items() if entry.paper for t in lra_data.TASKS]
+CARDS = {"80 GB": 80 * 2**30, "141 GB (H200)": 141 * 10**9}
+
+
+def planned(monkeypatch, card_bytes, *flags):
+    """steps.plan_memory of `train.py --preset paper *flags` on a simulated CUDA card of card_bytes (all free) ->
+    (args, record)."""
+    monkeypatch.setattr(memory, "card_memory", lambda device: (card_bytes, card_bytes))
+    args, cfg, _, _, _ = train.settle(["--preset", "paper", *flags])
+    args.precision = args.precision or "bf16"
+    _, record = steps.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), 1)
+    return args, record
+
+
+@pytest.mark.parametrize("model_name,task", PAPER)
+def test_the_plan_of_every_paper_preset_fits_each_card_with_headroom_in_micro_batches_of_the_papers_batch(
+        model_name, task, monkeypatch):
+    for card, total in CARDS.items():
+        for spt in (False, True):
+            flags = ["--model", model_name, "--task", task] + ["--spt"] * spt
+            args, record = planned(monkeypatch, total, *flags)
+            values = models.preset_values("paper", model_name, task, spt)
+            for phase, plan in record.items():
+                batch = values["pretrain_batch_size" if phase == "spt" else "batch_size"]
+                where = f"{model_name} {task} {phase}{' after SPT' * (spt and phase == 'finetune')} on {card}"
+                assert plan["accum_steps"] * plan["micro_batch"] == batch, f"{where}: {plan} is not the batch {batch}"
+                assert plan["est_gib"] * 2**30 <= memory.HEADROOM * total, f"{where}: {plan} over the card"
+                assert plan["L"] >= lra_data.TASKS[task].max_len, f"{where}: estimated below the length it runs at"
+
+
+def test_a_141_gb_card_runs_whole_batches_that_an_80_gb_card_splits(monkeypatch):
+    flags = ["--model", "dlr", "--task", "retrieval", "--spt"]        # fine-tuning batch 256 of two 4,096-byte documents
+    small, big = (planned(monkeypatch, total, *flags)[1]["finetune"] for total in CARDS.values())
+    assert small["accum_steps"] > 1 and big["accum_steps"] == 1, (small, big)
+    assert small["L"] == 4096, f"Retrieval pads 4,001 tokens to 4,096, the estimate must use that: {small}"
+
+
+def test_the_fp32_transformer_on_pathx256_is_split_to_fit_an_80_gb_card(monkeypatch):
+    args, record = planned(monkeypatch, CARDS["80 GB"], "--model", "transformer", "--task", "pathx256", "--spt",
+                           "--precision", "fp32")
+    assert all(p["fits"] for p in record.values()), record
+    assert args.pretrain_accum_steps == record["spt"]["accum_steps"] and args.accum_steps == record["finetune"][
+        "accum_steps"], "the plan reaches the run's settings"
+
+
+def test_an_explicit_accum_steps_is_kept_and_estimated(monkeypatch):
+    args, record = planned(monkeypatch, CARDS["80 GB"], "--model", "dlr", "--task", "retrieval", "--accum-steps", "8")
+    assert args.accum_steps == 8 and record["finetune"]["micro_batch"] == -(-args.batch_size // 8), record
+    assert record["finetune"]["est_gib"] > 0, record

@@ -146,15 +146,20 @@ def test_paper_preset_micro_batch_keeps_the_papers_batch(model, task):
             assert 1 <= v[accum] <= v[batch], f"{model}/{task}: {accum} {v[accum]} for {batch} {v[batch]}"
 
 
-def test_an_explicit_batch_size_is_split_to_the_micro_batch_that_fits_not_the_presets_count():
+def test_an_explicit_batch_size_is_split_to_the_micro_batch_that_fits_not_the_presets_count(monkeypatch):
+    import torch
+    import steps
+    from tools import memory
+    monkeypatch.setattr(memory, "card_memory", lambda device: (80 * 2**30, 80 * 2**30))     # an 80 GB card
+
     def settings(*flags):
-        args = train.parse_flags(["--model", "s4", "--task", "retrieval", "--preset", "paper", *flags])[0]
-        presets.apply(args, train.MODELS[args.model])
+        args, cfg, _, _, _ = train.settle(["--model", "s4", "--task", "retrieval", "--preset", "paper", *flags])
+        args.precision = "bf16"
+        steps.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), 1)
         return args.batch_size, args.accum_steps
 
-    most = presets.MAX_MICRO_BATCH["s4", "retrieval", "finetune"]
-    preset_batch, preset_accum = settings()
-    assert preset_batch // preset_accum <= most
-    assert settings("--batch-size", str(4 * most)) == (4 * most, 4), "a larger batch needs more micro-batches"
-    assert settings("--batch-size", str(most // 2)) == (most // 2, 1), "a batch that fits needs no split"
-    assert settings("--batch-size", str(4 * most), "--accum-steps", "8") == (4 * most, 8), "an explicit count wins"
+    batch, accum = settings()
+    assert settings("--batch-size", str(4 * batch))[1] > accum, "a larger batch needs more micro-batches"
+    assert settings("--batch-size", "2") == (2, 1), "a batch that fits needs no split"
+    assert settings("--batch-size", str(4 * batch), "--accum-steps", "8") == (4 * batch, 8), "an explicit count wins"
+

@@ -3,6 +3,8 @@ resumes to the same metrics; a non-finite loss stops the run by name; every bad 
 line; --compile never leaks `_orig_mod.` into checkpoints; the FFT stays float32 under bf16 autocast; reading a
 PathX-sized memmap does not pull it into the process's own memory."""
 import argparse
+import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -196,14 +198,16 @@ def test_three_ddp_processes_with_a_global_batch_of_50_train_as_one_process(data
 
 
 def test_a_paper_presets_accumulation_is_per_process_and_halves_under_two_processes(monkeypatch):
-    import presets
+    from tools import memory
+    monkeypatch.setattr(memory, "card_memory", lambda device: (80 * 2**30, 80 * 2**30))     # an 80 GB card
     counts = {}
-    for world in ("1", "2"):
-        monkeypatch.setenv("WORLD_SIZE", world)
-        args, _, _ = train.parse_flags(["--preset", "paper", "--model", "s4", "--task", "retrieval", "--spt"])
-        presets.apply(args, train.MODELS[args.model])
+    for world in (1, 2):
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        args, cfg, _, _, _ = train.settle(["--preset", "paper", "--model", "s4", "--task", "retrieval", "--spt"])
+        args.precision = "bf16"
+        steps.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), world)
         counts[world] = args.accum_steps
-    assert counts == {"1": 2, "2": 1}, f"S4 Retrieval batch 256, 128 per micro-batch: {counts}"
+    assert counts[1] == 2 * counts[2] and counts[1] > 1, f"S4 Retrieval fine-tuning batch 256 per process: {counts}"
 
 
 def test_a_pretraining_batch_that_leaves_a_process_one_example_is_named_at_start_up(monkeypatch):
@@ -477,7 +481,7 @@ def test_resume_of_a_finished_run_with_new_flags_names_the_flags_it_would_not_ap
 
 def test_compiled_run_saves_checkpoints_without_orig_mod_prefixes(data_dir, tmp_path, monkeypatch):
     # a real OptimizedModule, without the C++ toolchain that the default backend (inductor) needs
-    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(steps, "COMPILE_BACKEND", "eager")
     _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--compile",
                      "--pretrain-epochs", "1", "--epochs", "1")
     for name in ("spt.pt", "best.pt", "last.pt"):
@@ -485,6 +489,48 @@ def test_compiled_run_saves_checkpoints_without_orig_mod_prefixes(data_dir, tmp_
         bad = [k for k in keys if k.startswith(("_orig_mod.", "module."))]
         assert keys and not bad, f"{name} carries wrapper prefixes: {bad[:3]}"
     assert "+ torch.compile" in (run_dir / "log.txt").read_text()
+    said = [line for line in (run_dir / "log.txt").read_text().splitlines() if line.startswith("compile after")]
+    assert [line.split(":")[0] for line in said] == ["compile after spt", "compile after finetune"], said
+    assert all("fallback to eager: none" in line for line in said), said
+    counted = [r for r in records(run_dir) if r["phase"] == "compile"]
+    assert len(counted) == 2 and all(r["graphs"] > 0 and r["frames_eager"] == 0 for r in counted), counted
+
+
+def test_compiled_forward_over_12_raw_lengths_keeps_graphs_per_function_within_buckets_times_modes(monkeypatch):
+    # aot_eager: dynamo's graphs and AOT autograd as inductor gets them, without generating code (seconds, not 30 s)
+    import torch._dynamo
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.utils import counters
+    import models
+    import ssm
+    monkeypatch.setattr(steps, "COMPILE_BACKEND", "aot_eager")
+    for key in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
+        monkeypatch.setattr(torch._dynamo.config, key, getattr(torch._dynamo.config, key))
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    meta = dict(model_name="dlr", config=dataclasses.asdict(models.model_config("dlr", "listops", {
+        **models.preset_values("tiny", "dlr", "listops", False), "d_model": 16, "n_layers": 2, "d_state": 16})),
+        head=dict(kind="classifier", n_classes=10, pool="mean", pair=False))
+    model = models.build_model(meta)
+    eager = copy.deepcopy(model)
+    forward = steps.compiled(model, argparse.Namespace(task="listops", max_len=None))
+    raw = [20, 30, 45, 60, 70, 90, 100, 130, 150, 170, 190, 250]             # 12 raw lengths, 7 buckets
+    buckets = {lra_data.bucket_length(n) for n in raw}
+    for mode in ("train", "eval"):
+        model.train(mode == "train"), eager.train(mode == "train")
+        for n in raw:
+            torch.manual_seed(n)
+            x, lengths, _ = lra_data.collate([(torch.randint(4, 16, (m,)), 0) for m in (n, n // 2 + 1, n - 1)])
+            with torch.set_grad_enabled(mode == "train"):
+                got, want = forward(x, lengths), eager(x, lengths)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{mode}, L {n}: compiled != eager")
+                if mode == "train":
+                    got.sum().backward()
+    for fn in (heads.Classifier.forward, ssm.SSMLayer.forward):            # the backbone frame: eager
+        entries = len(_debug_get_cache_entry_list(fn.__code__))
+        assert 0 < entries <= 2 * len(buckets), f"{fn.__qualname__}: {entries} graphs for {len(buckets)} lengths × 2"
+    assert counters["frames"]["total"] == counters["frames"]["ok"], f"frames run eagerly: {dict(counters['frames'])}"
 
 
 def test_fft_convolution_stays_float32_under_bf16_autocast(monkeypatch):
@@ -632,14 +678,49 @@ def test_flags_of_self_pre_training_without_spt_are_named_as_ignored(data_dir, t
 
 def test_precision_sets_tf32_explicitly_so_fp32_after_bf16_or_tf32_has_none():
     import ssm
-    name, on, off = ssm.tf32_flag()
-    flag = lambda: getattr(torch.backends.cuda.matmul, name)              # noqa: E731
-    old = flag()
+    flag = torch._C._get_cublas_allow_tf32                                # cuBLAS's own query
+    old = ssm.matmul_precision()
     try:
         for first in ("bf16", "tf32"):
             steps.precision(argparse.Namespace(precision=first, amp=False), torch.device("cpu"))
-            assert flag() == (on if first == "tf32" else off), f"--precision {first}: TF32 is {flag()}"
+            assert flag() == (first == "tf32"), f"--precision {first}: TF32 is {flag()}"
             steps.precision(argparse.Namespace(precision="fp32", amp=False), torch.device("cpu"))
-            assert flag() == off and not torch.backends.cudnn.allow_tf32, f"fp32 after {first} left TF32 {flag()}"
+            assert not flag() and not torch.backends.cudnn.allow_tf32, f"fp32 after {first} left TF32 {flag()}"
     finally:
-        setattr(torch.backends.cuda.matmul, name, old)
+        ssm.set_matmul_precision(old)
+
+
+def test_deterministic_sets_torchs_flag_and_the_cublas_workspace_before_the_first_cuda_call(monkeypatch, tmp_path):
+    # a CUDA machine simulated: the first call that starts CUDA (get_device_capability, via --precision's default)
+    # must find both already set; cuBLAS reads CUBLAS_WORKSPACE_CONFIG when CUDA starts, so later would be too late
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    seen = []
+    def first_cuda_call(*args):
+        seen.append((torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+        return (8, 0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", first_cuda_call)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", first_cuda_call)
+    args, _, _ = train.parse_flags(["--deterministic", "--device", "cuda", "--out", str(tmp_path)])
+    try:
+        steps.setup_device(args)
+        assert seen and seen[0] == (True, ":4096:8"), f"at the first CUDA call: (deterministic, workspace) = {seen}"
+        assert args.precision == "bf16"
+    finally:
+        torch.use_deterministic_algorithms(False)
+    plain = train.parse_flags(["--device", "cpu", "--out", str(tmp_path)])[0]
+    steps.setup_device(plain)
+    assert not torch.are_deterministic_algorithms_enabled(), "without --deterministic torch's default stays"
+
+
+def test_deterministic_is_recorded_in_config_json(data_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "1",
+                         "--deterministic")
+    finally:
+        torch.use_deterministic_algorithms(False)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["args"]["deterministic"] is True, config["args"]
+    assert config["deterministic"] == {"algorithms": True, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, config

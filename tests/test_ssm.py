@@ -212,7 +212,7 @@ MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm
 
 
 class EmulatedTF32(TorchFunctionMode):
-    """CUDA's TF32 on the CPU: while the process allows TF32 (ssm.tf32_flag), every float32 / complex64 matmul reads
+    """CUDA's TF32 on the CPU: while the process allows TF32 (cuBLAS's own query), every float32 / complex64 matmul reads
     its operands rounded to TF32 and multiplies them exactly (float64), as tensor cores do. `calls` records, for
     each float32 matmul, whether TF32 was allowed at that moment."""
 
@@ -224,8 +224,7 @@ class EmulatedTF32(TorchFunctionMode):
         kwargs = kwargs or {}
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if func in MATMULS and tensors and all(t.dtype in (torch.float32, torch.complex64) for t in tensors):
-            name, on, _ = ssm.tf32_flag()
-            self.calls.append(getattr(torch.backends.cuda.matmul, name) == on)
+            self.calls.append(torch._C._get_cublas_allow_tf32())
             if self.calls[-1]:
                 wide = [tf32_round(a).to(torch.complex128 if a.is_complex() else torch.float64)
                         if isinstance(a, torch.Tensor) else a for a in args]
@@ -237,11 +236,9 @@ class EmulatedTF32(TorchFunctionMode):
 @pytest.fixture
 def tf32_allowed():
     """The process allows TF32, as `--precision tf32` does (and runs.precision did for bf16 before)."""
-    name, on, _ = ssm.tf32_flag()
-    old = getattr(torch.backends.cuda.matmul, name)
-    setattr(torch.backends.cuda.matmul, name, on)
+    old = ssm.set_matmul_precision("high")
     yield
-    setattr(torch.backends.cuda.matmul, name, old)
+    ssm.set_matmul_precision(old)
 
 
 def paper_kernel(name, task):
@@ -284,11 +281,10 @@ def test_emulated_tf32_would_corrupt_the_unguarded_s4_kernel(tf32_allowed, monke
 @over_kernels
 def test_kernel_matmuls_run_without_tf32_forward_and_backward(name, tf32_allowed, monkeypatch):
     # autograd runs the backward later, outside any context around the forward: both must be guarded
-    name_, on, _ = ssm.tf32_flag()
     calls, matmul = [], torch.Tensor.__matmul__
     def spy(a, b):
         if a.dtype in (torch.float32, torch.complex64):
-            calls.append(getattr(torch.backends.cuda.matmul, name_) == on)
+            calls.append(torch._C._get_cublas_allow_tf32())
         return matmul(a, b)
     kernel = kernel_of(name, d_model=4, d_state=16)
     monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
@@ -297,7 +293,7 @@ def test_kernel_matmuls_run_without_tf32_forward_and_backward(name, tf32_allowed
     grads = torch.autograd.grad(K.square().sum(), list(kernel.parameters()))
     assert forward >= 1 and len(calls) > forward, f"matmuls seen: {forward} forward, {len(calls) - forward} backward"
     assert not any(calls), f"TF32 allowed in {sum(calls)} of the kernel's {len(calls)} matmuls"
-    assert getattr(torch.backends.cuda.matmul, name_) == on, "the process's own setting was not restored"
+    assert torch._C._get_cublas_allow_tf32(), "the process's own setting was not restored"
     assert all(torch.isfinite(g).all() for g in grads)
 
 
@@ -426,6 +422,8 @@ def test_forward_traces_as_one_graph_so_it_never_waits_for_the_device(name, padd
     # kernels run eagerly under torch.compile (torch.compiler.disable): trace their undecorated forward too.
     for Kernel in (S4Kernel, DLRKernel):
         monkeypatch.setattr(Kernel, "forward", Kernel.forward.__wrapped__)
+    monkeypatch.setattr(SSMLayer, "kernel_of", SSMLayer.kernel_of.__wrapped__)   # (training: no cache lookup)
+    monkeypatch.setattr(ssm.SSMBackbone, "forward", ssm.SSMBackbone.forward.__wrapped__)
     monkeypatch.setattr(ssm, "TF32_IN_KERNELS", True)   # plain `@`: the TF32 guard's flag calls are host-only, not syncs
     torch._dynamo.reset()
     model = backbone_of(name, d_model=8, n_layers=1, d_state=8, vocab_size=12, norm="batch", dropout=0.1)
@@ -476,3 +474,176 @@ def test_compiled_training_step_equals_eager(name):
     torch.testing.assert_close(loss, training_step(eager, x, target), rtol=1e-4, atol=1e-4, msg="compiled loss")
     for (pname, a), b in zip(compiled.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4, msg=f"{pname} after one compiled AdamW step")
+
+
+# ---- torch's TF32 state: readable and as asked after every setter of ours, from every state a user's code can leave
+
+# what a user's code may have set before (legacy API, torch >= 2.9's new API, set_float32_matmul_precision) -> the
+# TF32 value and matmul precision it means
+TF32_STARTS = {
+    "allow_tf32 = True": ("torch.backends.cuda.matmul.allow_tf32 = True", True, "high"),
+    "allow_tf32 = False": ("torch.backends.cuda.matmul.allow_tf32 = False", False, "highest"),
+    "fp32_precision = 'tf32'": ("torch.backends.cuda.matmul.fp32_precision = 'tf32'", True, "high"),
+    "fp32_precision = 'ieee'": ("torch.backends.cuda.matmul.fp32_precision = 'ieee'", False, "highest"),
+    **{f"set_float32_matmul_precision('{p}')": (f"torch.set_float32_matmul_precision('{p}')", p != "highest", p)
+       for p in ("highest", "high", "medium")},
+}
+# what our code does, each followed by the state it must leave: None = the start's own
+TF32_ACTIONS = {
+    **{f"--precision {p}": (f"steps.precision(argparse.Namespace(precision='{p}', amp=False), torch.device('cpu'))",
+                            p == "tf32") for p in ("fp32", "tf32", "bf16", "fp16")},
+    "kernel guard": ("with ssm.full_fp32_matmuls(): inside.append(state())", None),
+    "nested kernel guards": ("with ssm.full_fp32_matmuls():\n"
+                             "    with ssm.full_fp32_matmuls(): inside.append(state())\n"
+                             "    inside.append(state())", None),
+    "kernel guard left by an exception": ("try:\n"
+                                          "    with ssm.full_fp32_matmuls(): inside.append(state()); 1 / 0\n"
+                                          "except ZeroDivisionError: pass", None),
+    "ssm.Matmul forward + backward": ("a = torch.randn(3, 3, requires_grad=True)\n"
+                                      "ssm.Matmul.apply(a, a).sum().backward()", None),
+    "--precision tf32 then the kernel guard": (
+        "steps.precision(argparse.Namespace(precision='tf32', amp=False), torch.device('cpu'))\n"
+        "with ssm.full_fp32_matmuls(): inside.append(state())", True),
+    "bench's unguarded kernel (TF32 allowed, restored)": (
+        "old = ssm.set_matmul_precision('high'); inside.append(None); ssm.set_matmul_precision(old)", None),
+}
+# each case in a child forked from a fresh interpreter (torch's TF32 state is per process and remembers which API
+# set it), results as JSON lines
+TF32_CHILD = r'''
+import argparse, json, os, sys
+import torch
+import ssm, steps
+cases = json.loads(sys.stdin.read())
+if os.environ.get("HIDE_NEW_TF32_API"):            # a torch without fp32_precision (< 2.9)
+    real = torch.backends.cuda.matmul
+    class Legacy:
+        def __getattr__(self, name):
+            if name == "fp32_precision":
+                raise AttributeError(name)
+            return getattr(real, name)
+        def __setattr__(self, name, value):
+            if name == "fp32_precision":
+                raise AttributeError(name)
+            setattr(real, name, value)
+    torch.backends.cuda.matmul = Legacy()
+def state():
+    out = {}
+    for name, get in [("cublas", torch._C._get_cublas_allow_tf32),
+                      ("allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+                      ("precision", torch.get_float32_matmul_precision)]:
+        try:
+            out[name] = get()
+        except Exception as e:
+            out[name] = "raised: " + str(e).splitlines()[0][:100]
+    return out
+for start, action in cases:
+    r, w = os.pipe()
+    if os.fork() == 0:
+        inside = []
+        exec(start)
+        exec(action)
+        os.write(w, json.dumps(dict(after=state(), inside=[s for s in inside if s])).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        print(f.read(), flush=True)
+    os.wait()
+'''
+
+
+def tf32_states(starts, hide_new_api=False):
+    """{(start, action): {"after": getters, "inside": getters inside the guard}} from TF32_CHILD."""
+    import json
+    import subprocess
+    import sys
+    cases = [(TF32_STARTS[s][0], TF32_ACTIONS[a][0]) for s in starts for a in TF32_ACTIONS]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1", **({"HIDE_NEW_TF32_API": "1"} if hide_new_api else {})}
+    done = subprocess.run([sys.executable, "-c", TF32_CHILD], input=json.dumps(cases), capture_output=True, text=True,
+                          env=env, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == len(cases), done.stderr[-2000:]
+    return dict(zip([(s, a) for s in starts for a in TF32_ACTIONS], map(json.loads, lines)))
+
+
+def assert_tf32_states(states):
+    for (start, action), got in states.items():
+        _, start_tf32, start_precision = TF32_STARTS[start]
+        want = TF32_ACTIONS[action][1]
+        tf32 = start_tf32 if want is None else want
+        where = f"after `{start}`, then {action}"
+        for seen in [got["after"], *got["inside"]]:
+            raised = {k: v for k, v in seen.items() if isinstance(v, str) and v.startswith("raised")}
+            assert not raised, f"{where}: torch's TF32 getters raised: {raised}"
+        assert got["after"]["cublas"] is tf32 and got["after"]["allow_tf32"] is tf32, \
+            f"{where}: cuBLAS's TF32 is {got['after']['cublas']}, asked {tf32}"
+        if want is None:
+            assert got["after"]["precision"] == start_precision, f"{where}: precision not restored: {got['after']}"
+        assert all(s["cublas"] is False for s in got["inside"]), f"{where}: TF32 on inside the guard: {got['inside']}"
+
+
+def test_tf32_getters_answer_and_hold_the_flag_asked_after_every_setter_of_ours_from_every_starting_state():
+    # torch >= 2.9: the new API's fp32_precision = "tf32" alone leaves cuBLAS's own query raising ("mix of the legacy
+    # and new APIs"); the legacy allow_tf32 = False after set_float32_matmul_precision("high") leaves
+    # get_float32_matmul_precision() raising: ours must leave every getter readable, whatever came before
+    starts = [s for s in TF32_STARTS if "fp32_precision =" not in s or
+              hasattr(torch.backends.cuda.matmul, "fp32_precision")]
+    assert_tf32_states(tf32_states(starts))
+
+
+def test_tf32_setters_work_on_a_torch_without_the_new_fp32_precision_api():
+    starts = [s for s in TF32_STARTS if "fp32_precision =" not in s]      # what a torch < 2.9 offers
+    assert_tf32_states(tf32_states(starts, hide_new_api=True))
+
+
+# ---- each SSM kernel once per evaluation pass
+
+def counted_kernels(model):
+    """Wrap every layer's kernel forward to count its calls -> the list of lengths it was called with."""
+    calls = []
+    for layer in model.layers:
+        forward = layer.kernel.forward
+        layer.kernel.forward = lambda L, forward=forward: calls.append(L) or forward(L)
+    return calls
+
+
+@over_kernels
+def test_an_evaluation_pass_computes_each_kernel_once_per_length_and_gives_the_uncached_outputs(name):
+    torch.manual_seed(0)
+    Config, _, Backbone = KERNELS[name][:3]
+    model = Backbone(config(name, d_model=8, n_layers=2, vocab_size=20)).eval()
+    reference = copy.deepcopy(model)
+    batches = [torch.randint(1, 20, (3, L)) for L in (32, 32, 48, 32)]
+    calls = counted_kernels(model)
+    with torch.no_grad():
+        cached = [model(x) for x in batches]
+        plain = [torch.stack([reference(x[i:i + 1])[0] for i in range(3)]) for x in batches]  # a new pass each row
+    assert sorted(calls) == [32, 32, 48, 48], f"kernel calls per layer and length: {calls}"
+    for c, p in zip(cached, plain):
+        torch.testing.assert_close(c, p, rtol=0, atol=1e-6, msg="cached kernels changed the outputs")
+
+
+@over_kernels
+def test_the_kernel_is_recomputed_after_a_weight_is_written_or_the_mode_changes_and_always_in_training(name):
+    torch.manual_seed(0)
+    Backbone = KERNELS[name][2]
+    model = Backbone(config(name, d_model=8, n_layers=1, vocab_size=20)).eval()
+    x = torch.randint(1, 20, (2, 16))
+    calls = counted_kernels(model)
+    with torch.no_grad():
+        before = model(x)
+        state = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items()}
+        model.load_state_dict(state)                       # written in place, still in eval mode
+        after = model(x)
+        fresh = Backbone(config(name, d_model=8, n_layers=1, vocab_size=20))
+        fresh.load_state_dict(state)
+        torch.testing.assert_close(after, fresh.eval()(x), rtol=0, atol=1e-6)
+        assert not torch.equal(before, after) and calls == [16, 16], calls
+        model.eval()                                       # a new pass
+        model(x)
+    assert calls == [16, 16, 16], calls
+    model(x)                                               # eval mode with autograd: every call
+    model.train()
+    with torch.no_grad():
+        model(x), model(x)
+    assert calls == [16] * 6, f"outside eval + no_grad the kernel must be computed each call: {calls}"

@@ -1,23 +1,32 @@
-"""tools/gpu_check.py: the GPU check that ships with the repo, `python bench.py --device cuda --gpu-check`, made to
-bring its numbers back from one lent window. --minutes (default 6) counts from the start of the process, imports
-included, and the check ends a margin before it; each part writes its JSON and refreshes summary.md as soon as it
-ends, and a part that fails or runs out of time keeps its log lines (<part>.log) and its error; SIGTERM writes what
-is done and exits. Everything lands in --out-dir (default results/gpu/<device>/); images are generated in a temporary
-folder on the machine, run folders keep their logs (checkpoints deleted).
-parts:  kernels  S4, S4D, DLR kernels at the PathX paper configuration: TF32 allowed vs guarded, against float64
-        layers   one layer of each model, forward + backward, in fp32 and in the training precision (bf16 / fp16)
-        runs     --preset paper from scratch on Pathfinder and PathX for each model, then the main command in
-                 miniature (DLR, masked SPT then fine-tuning on PathX): ms/step, tokens/s, memory allocated and
-                 reserved beside tools/memory.py's estimate, the loss curve
-        claim    the paper's first claim in miniature: the Transformer on Pathfinder from scratch and after masked SPT,
-                 for the same fine-tuning steps, with the minutes left
-Check: tests/test_gpu_check.py runs it at --check-scale tiny on the CPU (deadline, a failing part, SIGTERM).
+"""tools/gpu_check.py: the GPU check that ships with the repo, `python bench.py --device cuda --gpu-check --out-dir D`,
+made to bring its numbers back from one lent window. --minutes (default 8: a 15-minute lease less the machine's start) counts from the start
+of the process, imports included, and the check ends a margin before it. Each part, when it ends, refreshes the three
+files of --out-dir (default: a new temporary folder, never the repo): summary.md (per part: measured / failed with its
+error's line / skipped with why, and the deadline kept), results.json (every part's numbers) and check.tar.gz (the
+parts' JSON and logs and the run folders' logs): three files, no folders, as a lent machine returns them. SIGTERM
+writes what is done and exits. Runs without git (commit "unknown").
+parts, in order:
+  tf32      (a) torch's TF32 state after each --precision choice and inside the kernel guard (ssm.set_tf32)
+  kernels   (b) S4 NPLR, S4D, DLR kernels against float64, forward and gradient, TF32 allowed and guarded, at
+                L = 1,024, 16,384, 65,536 (the PathX paper layer)
+  main      (c) 20 steps of the main command (--model dlr --task pathx --spt, paper preset, generated images) under
+                torch.cuda.set_sync_debug_mode("error"): step time, peak memory
+  largest   (d) one training step of the three largest paper presets by memory estimate, peak allocated / reserved
+                against the plan's estimate (tools/memory.plan_phase)
+  attention (e) the paper Transformer's attention at PathX's length under SDPA limited to flash / memory-efficient
+  compile   (f) --compile: graphs compiled, frames that fell back to eager, graph breaks
+  spt_batch (g) the SPT batch the preset really uses in (c), against the preset's
+Check: tests/test_gpu_check.py runs it at --check-scale tiny on the CPU (each part, the deadline, a failing part,
+SIGTERM, no git, the files).
 """
+import argparse
 import contextlib
+import copy
+import dataclasses
 import json
 import os
-import re
 import shutil
+import tarfile
 import signal
 import sys
 import tempfile
@@ -29,28 +38,15 @@ import torch
 
 import lra_data
 import models
+import ssm
+import steps
 import train
 from lra import pathfinder
 from tools import memory, speed
-from tools.memory import device_type, memory_mib, table
+from tools.gpu_summary import summary_lines
+from tools.memory import device_type, memory_mib
 
-# Sizes per --check-scale. runs: task -> (steps, epochs) of each part-3 run; guess_s: seconds a part or run is assumed
-# to need before anything is measured (a part is skipped when they are not left); claim_*: the last part.
-SCALES = {
-    "paper": dict(kernel_task="pathx", layers=dict(), size={}, batch=None, max_eval=128,
-                  runs={"pathfinder": (60, 3), "pathx": (24, 2)}, claim_epochs=5, claim_eval=512,
-                  min_claim_steps=100, max_claim_steps=5000, skip={},
-                  guess_s=dict(kernels=30, layers=60, runs=30, run=30, claim=60)),
-    "tiny": dict(kernel_task="pathfinder", size=dict(d_model=16, n_layers=1, d_state=8), batch=2, max_eval=2,
-                 layers=dict(lengths=[64, 128, 256], max_tokens=512, batch=2, d_model=16, d_state=8, dlr_state=32,
-                             n_heads=2, min_time=0, max_reps=1, fit_from=64, presets=[], models=["s4-nplr", "dlr"]),
-                 runs={"pathfinder": (3, 3), "pathx": (2, 2)}, claim_epochs=2, claim_eval=2, min_claim_steps=2,
-                 max_claim_steps=4, guess_s=dict(kernels=0, layers=0, runs=0, run=0, claim=0),
-                 skip={("transformer", "pathx"): "--check-scale tiny: the paper's block-local attention at "
-                                                 "L = 16,384 takes seconds a step on a CPU core"}),
-}
 MARGIN_S = 15                  # the check ends this long before --minutes (writing summary.md takes well under 1 s)
-CHANCE_PLUS = 0.6              # part claim: the first step with val_acc ≥ 0.6 (chance: 0.5)
 # images per second per core of the generator (results/generator_speed.txt, measured on a CPU here): how long the
 # images of a part take on this machine's cores is predicted from these before it starts
 IMAGES_PER_CORE_S = {"pathfinder": 265.0, "pathx": 17.0}
@@ -117,6 +113,21 @@ def last_lines(log_path, n=40):
     return [line for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()][-n:]
 
 
+
+# Sizes per --check-scale (tiny: the same path on a CPU in seconds).
+SCALES = {
+    "paper": dict(lengths=[1024, 16384, 65536], kernel_size={}, main_steps=20, main_extra=[], size={}, max_eval=64,
+                  largest_size={}, largest_L=None, attention_L=16384, attention_batch=2, compile_backend="inductor",
+                  guess_s=dict(tf32=1, kernels=30, main=120, largest=90, attention=20, compile=90, spt_batch=0)),
+    "tiny": dict(lengths=[64, 256], kernel_size=dict(d_model=4), main_steps=2, main_extra=["--batch-size", "4"],
+                 size=dict(d_model=16, n_layers=1,
+                 d_state=8), max_eval=2, largest_size=dict(d_model=16, n_layers=1, d_state=8, n_heads=2, d_ff=32),
+                 largest_L=256, attention_L=256, attention_batch=2, compile_backend="aot_eager",
+                 guess_s={k: 0 for k in ("tf32", "kernels", "main", "largest", "attention", "compile", "spt_batch")}),
+}
+MAIN = ["--model", "dlr", "--task", "pathx", "--spt"]       # the README's main command
+
+
 class Check:
     """The check's state: settings, where it writes, its deadline, the parts' results so far."""
 
@@ -124,38 +135,49 @@ class Check:
         self.args, self.scale = args, SCALES[args.check_scale]
         self.machine = dict(speed.machine_info(argv, args), cuda=torch.version.cuda,
                             gpu_memory_mib=memory_mib(args.device, "total"))
-        folder = re.sub(r"[^A-Za-z0-9._]+", "-", self.machine["cpu"]).strip("-")
-        folder = folder if device_type(args.device) == "cuda" else f"cpu-{folder}"
-        default = Path(__file__).resolve().parents[1] / "results" / "gpu" / folder
-        self.out = Path(args.out_dir) if args.out_dir else default
+        self.out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="gpu-check-out-"))
         self.out.mkdir(parents=True, exist_ok=True)
         self.started, self.deadline = started, started + 60 * args.minutes - MARGIN_S
-        self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))       # images: never brought back
-        self.parts, self.data = {}, {}
+        self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))       # images, run folders, part files
+        self.parts, self.data, self.names, self.margin_s = {}, {}, list(PARTS), MARGIN_S
 
     def left(self):
         return self.deadline - time.time()
 
+    def cuda(self):
+        return device_type(self.args.device) == "cuda"
+
     def save(self, name, part):
-        """<name>.json now, and summary.md refreshed: whatever happens next, this part is on disk."""
+        """The part's JSON and log into the work folder, then the three files of --out-dir rewritten: whatever
+        happens next, this part is on disk."""
         self.parts[name] = part
         body = dict(machine=self.machine, scale=self.args.check_scale, **part)
-        (self.out / f"{name}.json").write_text(json.dumps(body, indent=1))
+        (self.work / f"{name}.json").write_text(json.dumps(body, indent=1, default=str))
+        (self.out / "results.json").write_text(json.dumps(dict(machine=self.machine, scale=self.args.check_scale,
+                                                               parts=self.parts), indent=1, default=str))
         (self.out / "summary.md").write_text("\n".join(summary_lines(self)) + "\n")
+        with tarfile.open(self.out / "check.tar.gz.tmp", "w:gz") as tar:
+            for f in sorted(self.work.glob("*.json")) + sorted(self.work.glob("*.log")):
+                tar.add(f, arcname=f.name)
+            for f in sorted((self.work / "runs").rglob("*")) if (self.work / "runs").is_dir() else []:
+                if f.is_file() and f.suffix in (".txt", ".jsonl", ".json"):
+                    tar.add(f, arcname=str(f.relative_to(self.work)))
+        os.replace(self.out / "check.tar.gz.tmp", self.out / "check.tar.gz")
 
 
 def attempt(check, name, fn, need_s):
     """Run part `name` (fn(check) -> dict) with what is left of the deadline, its output also in <name>.log; save it
     as "ok", "skipped" (the guessed need_s is not left) or "error" (its traceback's end and log lines: a failure or
     the deadline). Stopped (SIGTERM) is saved, then raised on."""
-    log = check.out / f"{name}.log"
+    log = check.work / f"{name}.log"
     if need_s > check.left():
         return check.save(name, dict(status="skipped", reason=f"needs ~{need_s:.0f} s, {max(check.left(), 0):.0f} s "
                                      "of --minutes left"))
     t0 = time.time()
     try:
         with logged(log), time_limit(check.left()):
-            part = dict(fn(check), status="ok")
+            part = fn(check)
+            part = dict(part, status=part.get("status", "ok"))
     except Stopped as e:
         check.save(name, dict(status="error", error=f"Stopped: {e}", log=last_lines(log), seconds=time.time() - t0))
         raise
@@ -166,31 +188,85 @@ def attempt(check, name, fn, need_s):
 
 # ---- the parts ------------------------------------------------------------------------------------------------------
 
-def kernels_part(check):
-    """S4, S4D and DLR kernels at the PathX (tiny: Pathfinder) paper configuration with TF32 allowed and guarded."""
-    return dict(rows=speed.kernel_precision(layer_args(check, "fp32"), check.scale["kernel_task"]))
-
-
-def training_precision(check):
-    """What train.py picks on this device by default: bf16 (compute capability ≥ 8), fp16 below, bf16 on a CPU."""
-    if device_type(check.args.device) != "cuda":
-        return "bf16"
-    return "bf16" if torch.cuda.get_device_capability(check.args.device)[0] >= 8 else "fp16"
-
-
-def layer_args(check, precision):
-    return speed.settings(quick=True, device=check.args.device, precision=precision, **check.scale["layers"])
-
-
-def layers_part(check):
-    """tools/speed.py's quick layer table (L = 2,048 / 4,096 / 8,192, H = 128) in fp32, then the training precision."""
+def tf32_state():
+    """torch's TF32 getters, each as it answers or the first line of what it raised."""
     out = {}
-    for precision in ("fp32", training_precision(check)):
-        args = layer_args(check, precision)
-        out[precision] = dict(matmul_gflops=speed.matmul_gflops(args), layers=speed.layer_table(args))
-        out[precision]["exponents"] = {n: speed.fit_exponent(out[precision]["layers"], n, args.fit_from)
-                                       for n in args.models}
+    for name, get in [("cublas_allow_tf32", torch._C._get_cublas_allow_tf32),
+                      ("matmul.allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+                      ("float32_matmul_precision", torch.get_float32_matmul_precision),
+                      ("cudnn.allow_tf32", lambda: torch.backends.cudnn.allow_tf32)]:
+        try:
+            out[name] = get()
+        except Exception as e:
+            out[name] = f"raised: {str(e).splitlines()[0][:120]}"
     return out
+
+
+def tf32_part(check):
+    """(a) For each --precision choice: steps.precision on the device, the getters after it and inside the kernel
+    guard; ok when none raised and cuBLAS's TF32 is the flag asked (inside the guard: off)."""
+    rows, device = [], torch.device(check.args.device)
+    before = ssm.matmul_precision()
+    try:
+        for name in ("fp32", "tf32", "bf16", "fp16"):
+            steps.precision(argparse.Namespace(precision=name, amp=False), device)
+            after = tf32_state()
+            with ssm.full_fp32_matmuls():
+                inside = tf32_state()
+            if device.type == "cuda":                                  # a float32 matmul asks cuBLAS for real
+                a = torch.randn(64, 64, device=device)
+                (a @ a).sum().item()
+            rows.append(dict(precision=name, after=after, inside_guard=inside, back=tf32_state(),
+                             ok=after["cublas_allow_tf32"] is (name == "tf32")
+                             and inside["cublas_allow_tf32"] is False
+                             and not any(str(v).startswith("raised") for s in (after, inside) for v in s.values())))
+    finally:
+        ssm.set_matmul_precision(before)
+    bad = [r["precision"] for r in rows if not r["ok"]]
+    if bad:
+        raise RuntimeError(f"TF32 state wrong or unreadable after --precision {', '.join(bad)}: {rows}")
+    return dict(rows=rows, torch=torch.__version__)
+
+
+def kernel_errors(kernel, L, grads_of):
+    """Per-channel relative L2 error of kernel(L) and of the gradient of Σ K·w against the float64 kernel."""
+    exact = copy.deepcopy(kernel).double()
+    torch.manual_seed(1)
+    w = torch.randn(kernel(L).shape, device=next(kernel.parameters()).device, dtype=torch.float64)
+    out = {}
+    for k, dtype in ((kernel, torch.float32), (exact, torch.float64)):
+        K = k(L)
+        g = torch.autograd.grad((K * w.to(dtype)).sum(), grads_of(k))
+        out[dtype] = (K.detach().double().reshape(-1, L), torch.cat([x.double().flatten() for x in g]))
+    (K, g), (K64, g64) = out[torch.float32], out[torch.float64]
+    return (float(((K - K64).norm(dim=-1) / K64.norm(dim=-1)).max()), float((g - g64).norm() / g64.norm()))
+
+
+def kernels_part(check):
+    """(b) The PathX paper layer's kernels (S4 NPLR, S4D, DLR) at each length, forward and gradient, TF32 allowed (the
+    kernels' matmuls follow it: ssm.TF32_IN_KERNELS) and guarded (ssm.Matmul), against float64."""
+    rows, before = [], ssm.TF32_IN_KERNELS
+    for name in speed.KERNELS:
+        kernel = speed.paper_kernel(name, "pathx", check.args.device)
+        if check.scale["kernel_size"]:
+            model, fields = speed.KERNELS[name]
+            cfg = dataclasses.replace(models.model_config(model, "pathx", models.preset_values(
+                "paper", model, "pathx", False)), **fields, **check.scale["kernel_size"])
+            kernel = type(kernel)(cfg).to(check.args.device)
+        params = lambda k: [p for p in k.parameters() if p.requires_grad]      # noqa: E731
+        for L in check.scale["lengths"]:
+            for guarded in (False, True):
+                old = ssm.set_matmul_precision("high")                  # TF32 allowed, as --precision tf32
+                ssm.TF32_IN_KERNELS = not guarded
+                try:
+                    fwd, grad = kernel_errors(kernel, L, params)
+                finally:
+                    ssm.TF32_IN_KERNELS = before
+                    ssm.set_matmul_precision(old)
+                rows.append(dict(kernel=name, L=L, guarded=guarded, forward_error=fwd, grad_error=grad))
+                print(f"  {name:8s} L {L:6d} {'guarded' if guarded else 'TF32   '} forward {fwd:.1e} grad {grad:.1e}",
+                      flush=True)
+    return dict(rows=rows)
 
 
 def make_images(check, task, n):
@@ -205,117 +281,167 @@ def make_images(check, task, n):
     return check.data[task]
 
 
-def run_flags(check, model, task, steps, epochs, max_eval, spt=False):
-    """train.py's flags of one run: --preset paper on the generated images, steps/epochs steps an epoch, evaluated
-    after each, a warm-up of a tenth of the steps (the preset's 2,500-5,000 would keep a short run at chance);
-    --spt: as many SPT epochs first. -> (flags, preset values, images needed)."""
-    values = {**models.preset_values("paper", model, task, spt), **check.scale["size"]}
-    batch = check.scale["batch"] or max(values["batch_size"], values["pretrain_batch_size"] if spt else 0)
-    n_train = steps // epochs * batch
-    n = max(-(-n_train * 10 // 8), 10 * max_eval, 20)                   # 80 / 10 / 10 split
-    flags = ["--preset", "paper", "--model", model, "--task", task, "--device", check.args.device,
-             "--data-dir", check.work / task, "--max-train", n_train, "--max-eval", max_eval, "--epochs", epochs,
-             "--pretrain-epochs", epochs, "--eval-every", 1, "--warmup", max(1, steps // 10),
-             "--out", check.out / "runs", "--generate", 0, "--batch-size", batch, "--pretrain-batch-size", batch]
-    flags += [x for k, v in check.scale["size"].items() for x in (f"--{k.replace('_', '-')}", v)]
-    return [str(f) for f in flags + ["--spt"] * spt], values, n
+def main_flags(check, steps_, extra=()):
+    """train.py's flags of the main command for `steps_` SPT and as many fine-tuning steps, one epoch each, the
+    preset's own batches (part g reads the SPT batch back; tiny: fine-tuning batch 4) -> (flags, images needed)."""
+    extra = [*check.scale["main_extra"], *extra]
+    values = {**models.preset_values("paper", "dlr", "pathx", True), **check.scale["size"]}
+    if "--batch-size" in extra:
+        values["batch_size"] = int(extra[extra.index("--batch-size") + 1])
+    n_train = steps_ * max(values["batch_size"], values["pretrain_batch_size"])
+    max_eval = check.scale["max_eval"]
+    flags = [*MAIN, "--preset", "paper", "--device", check.args.device, "--data-dir", check.work / "pathx",
+             "--max-train", n_train, "--max-eval", max_eval, "--epochs", 1, "--pretrain-epochs", 1,
+             "--max-steps", steps_, "--warmup", max(1, steps_ // 10), "--out", check.work / "runs", "--generate", 0,
+             *[x for k, v in check.scale["size"].items() for x in (f"--{k.replace('_', '-')}", v)], *extra]
+    return [str(f) for f in flags], max(-(-n_train * 10 // 8), 10 * max_eval, 20)
 
 
-def paper_run(check, model, task, steps, epochs, max_eval, spt=False):
-    """train.main(run_flags(...)) in this process -> speed (from the first to the last fine-tuning evaluation: the
-    first epoch pays one-time costs), peak memory allocated and reserved and tools/memory.py's estimate, precision,
-    batch, accum_steps, the log.jsonl records and val_acc curve, test accuracy. Its checkpoints are deleted."""
-    flags, values, n = run_flags(check, model, task, steps, epochs, max_eval, spt)
-    data = make_images(check, task, n)
-    if device_type(check.args.device) == "cuda":
-        torch.cuda.empty_cache()
+def run_main(check, flags, n):
+    """train.main(flags) on generated PathX images -> (results, config.json, log.jsonl records, peak MiB); its
+    checkpoints deleted."""
+    make_images(check, "pathx", n)
     memory_mib(check.args.device, "now", reset=True)
     res = train.main(flags)
-    peak = {k: memory_mib(check.args.device, k) for k in ("peak", "reserved_peak", "total")}
+    peak = {k: memory_mib(check.args.device, k) for k in ("peak", "reserved_peak")}
     run_dir = Path(res["run_dir"])
     for ck in run_dir.glob("*.pt"):
         ck.unlink()
-    run = json.loads((run_dir / "config.json").read_text())["args"]
+    config = json.loads((run_dir / "config.json").read_text())
     records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    return res, config, records, peak
+
+
+def main_part(check):
+    """(c) The main command, main_steps SPT and fine-tuning steps, under torch.cuda.set_sync_debug_mode("error"): a
+    host-device synchronisation inside a step is an error (the loop reads the device once per PROGRESS_STEPS)."""
+    flags, n = main_flags(check, check.scale["main_steps"])
+    sync = contextlib.nullcontext()
+    if check.cuda():
+        sync = sync_debug_mode("error")
+    with sync:
+        res, config, records, peak = run_main(check, flags, n)
+    spt = [r for r in records if r.get("phase") == "spt"]
     ft = [r for r in records if r.get("phase") == "finetune"]
-    first = ft[0] if len(ft) > 1 else dict(elapsed_s=0.0, step=0)      # one evaluation: from the start, then
-    s = (ft[-1]["elapsed_s"] - first["elapsed_s"]) / max(1, ft[-1]["step"] - first["step"])
-    micro, spec = -(-run["batch_size"] // run["accum_steps"]), lra_data.TASKS[task]
-    est = memory.training_memory(model, task, values, "finetune", micro, spec.max_len, run["precision"])["peak"]
-    return dict(model=model, task=task, spt=spt, precision=run["precision"], batch=run["batch_size"],
-                accum_steps=run["accum_steps"], warmup=run["warmup"], steps=ft[-1]["step"], ms_per_step=1e3 * s,
-                tokens_per_s=run["batch_size"] * spec.max_len / s, peak_mib=peak["peak"],
-                reserved_mib=peak["reserved_peak"], total_mib=peak["total"], est_peak_mib=est / 2**20,
-                wall_s=res["wall_time_s"]["total"], test_acc=res["test_acc"], images=data, run_dir=str(run_dir),
-                fixed_s=res["wall_time_s"]["total"] - (ft[-1]["step"] - first["step"]) * s, records=records,
-                curve=[[r["step"], r["val_acc"]] for r in ft])
+    return dict(sync_debug_mode="error" if check.cuda() else "not CUDA: no sync debug mode",
+                precision=config["args"]["precision"], spt_steps=spt[-1]["step"], finetune_steps=ft[-1]["step"],
+                spt_s_per_step=spt[-1]["elapsed_s"] / max(1, spt[-1]["step"]),
+                finetune_s_per_step=ft[-1]["elapsed_s"] / max(1, ft[-1]["step"]),
+                peak_mib=peak["peak"], reserved_mib=peak["reserved_peak"], memory_plan=config.get("memory_plan"),
+                pretrain_batch_size=config["args"]["pretrain_batch_size"], batch_size=config["args"]["batch_size"],
+                test_acc=res["test_acc"], images=check.data["pathx"])
 
 
-def runs_part(check):
-    """Each model from scratch on Pathfinder, then PathX; then DLR with masked SPT then fine-tuning on PathX (the
-    repo's main command in miniature). Each run is saved into runs.json as it ends; a run whose guessed time is not
-    left (tools' guess, or the same model's Pathfinder run scaled by L) is skipped, saying so."""
-    plan = [(m, t, False) for t in check.scale["runs"] for m in models.MODELS] + [("dlr", "pathx", True)]
-    for task in check.scale["runs"]:                 # one set of images per task, enough for each of its runs
-        make_images(check, task, max(run_flags(check, m, t, *check.scale["runs"][t], check.scale["max_eval"], spt)[2]
-                                     for m, t, spt in plan if t == task))
-    done = []
-    for model, task, spt in plan:
-        steps, epochs = check.scale["runs"][task]
-        row = dict(model=model, task=task, spt=spt)
-        if (model, task) in check.scale["skip"]:
-            done.append(dict(row, status="skipped", reason=check.scale["skip"][model, task]))
-            continue
-        pf = next((r for r in done if r["model"] == model and r.get("status") == "ok"), None)
-        need = check.scale["guess_s"]["run"] if pf is None else pf["fixed_s"] + (1 + 2 * spt) * steps * \
-            pf["ms_per_step"] / 1e3 * lra_data.TASKS[task].max_len / lra_data.TASKS[pf["task"]].max_len
-        left = check.left() - check.scale["guess_s"]["claim"]
-        if need > left:
-            done.append(dict(row, status="skipped", reason=f"needs ~{need:.0f} s, {max(left, 0):.0f} s left"))
-        else:
-            try:
-                done.append(dict(paper_run(check, model, task, steps, epochs, check.scale["max_eval"], spt),
-                                 status="ok"))
-            except (Exception, SystemExit) as e:   # the next run may still work: say why, go on
-                done.append(dict(row, status="error", error=traceback.format_exc(limit=-3)[-1500:]))
-                print(f"gpu check: {model} on {task} failed: {e}", file=sys.stderr)
-        check.save("runs", dict(status="running", runs=done, data=check.data))
-    return dict(runs=done, data=check.data)
+@contextlib.contextmanager
+def sync_debug_mode(mode):
+    old = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(mode)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(old)
 
 
-def claim_steps(left_s, run, images_per_s, scale):
-    """Fine-tuning steps F of the claim in left_s seconds, from the runs part's Transformer run on Pathfinder: TFS
-    runs F steps, SPT F SPT steps then F (3F in all at that run's time per step), each run pays its fixed costs
-    (start-up, first epoch, test), the training images are generated first; 80 % of it, whole epochs, at most
-    max_claim_steps."""
-    E = scale["claim_epochs"]
-    per_step = 3 * run["ms_per_step"] / 1e3 + run["batch"] / (0.8 * E * images_per_s)
-    return max(0, min(scale["max_claim_steps"], int((0.8 * left_s - 2 * run["fixed_s"]) / per_step)) // E * E)
+def largest_presets(n=3):
+    """The n (model, task, phase) of the largest paper-preset steps in results/memory.json (bench.py --memory)."""
+    rows = json.loads((Path(__file__).resolve().parents[1] / "results" / "memory.json").read_text())["memory"]
+    return [(r["model"], r["task"], r["phase"]) for r in sorted(rows, key=lambda r: -r["bf16_gib"])[:n]]
 
 
-def claim_part(check):
-    """The --preset paper Transformer on Pathfinder, from scratch and after masked SPT, for the same F fine-tuning
-    steps in claim_epochs epochs, F from the minutes left at the runs part's time per step (claim_steps); both
-    validation curves and the first step each reaches val_acc ≥ CHANCE_PLUS. The paper: 71 % from scratch, 94 %
-    with SPT; a few minutes check the path, not the claim."""
-    run = next((r for r in check.parts.get("runs", {}).get("runs", [])
-                if (r["model"], r["task"], r.get("status")) == ("transformer", "pathfinder", "ok")), None)
-    if run is None:
-        raise RuntimeError("needs the runs part's Transformer run on Pathfinder (its time per step)")
-    scale, E = check.scale, check.scale["claim_epochs"]
-    F = claim_steps(check.left(), run, run["images"]["images_per_s"], scale)
-    if F < scale["min_claim_steps"]:
-        raise RuntimeError(f"{check.left():.0f} s of --minutes left: {F} steps < {scale['min_claim_steps']}")
-    check.data.pop("pathfinder", None)                                   # its own, larger set of images
-    shutil.rmtree(check.work / "pathfinder", ignore_errors=True)
-    claim = dict(steps=F, epochs=E)
-    for kind in ("tfs", "spt"):
-        claim[kind] = paper_run(check, "transformer", "pathfinder", F, E, scale["claim_eval"], spt=kind == "spt")
-        claim[kind]["first_step_over"] = next((s for s, acc in claim[kind]["curve"] if acc >= CHANCE_PLUS), None)
-    return claim
+def largest_part(check):
+    """(d) One training step of each of the three largest paper presets, at the micro-batch the plan gives this card
+    (CPU: the machine's memory) and the padded length: peak allocated and reserved against the plan's estimate."""
+    rows, device = [], check.args.device
+    precision = training_precision(check)
+    budget = (memory.card_budget(device)[0] if check.cuda() else memory.HEADROOM * memory_mib("cpu", "free") * 2**20)
+    for model_name, task, phase in largest_presets():
+        values = {**models.preset_values("paper", model_name, task, phase == "spt"), **check.scale["largest_size"]}
+        batch = values["pretrain_batch_size" if phase == "spt" else "batch_size"]
+        L = check.scale["largest_L"] or max(steps.padded_lengths(task))
+        plan = memory.plan_phase(model_name, task, values, phase, batch, L, precision, budget)
+        build, forward = memory.training_case(model_name, task, values, phase, plan["micro_batch"], L)
+        torch.manual_seed(0)
+        model = build().to(device)
+        opt = torch.optim.AdamW(model.parameters())
+        if check.cuda():
+            torch.cuda.empty_cache()
+        memory_mib(device, "now", reset=True)
+        t0 = time.time()
+        with memory.autocast("bf16" if precision in ("bf16", "fp16") else "fp32", device_type(device)):
+            loss = forward(model)
+        loss.backward()
+        opt.step()
+        speed.synchronizer(device)()
+        rows.append(dict(model=model_name, task=task, phase=phase, L=L, micro_batch=plan["micro_batch"],
+                         accum_steps=plan["accum_steps"], est_gib=plan["est_gib"], seconds=time.time() - t0,
+                         peak_gib=memory_mib(device, "peak") / 1024,
+                         reserved_gib=(memory_mib(device, "reserved_peak") or 0) / 1024))
+        print(f"  {model_name} {task} {phase}: micro-batch {plan['micro_batch']}, est. {plan['est_gib']:.2f} GiB, "
+              f"peak {rows[-1]['peak_gib']:.2f} GiB", flush=True)
+        del model, opt, loss
+    return dict(rows=rows, precision=precision)
 
 
-PARTS = {"kernels": kernels_part, "layers": layers_part, "runs": runs_part, "claim": claim_part}
+def attention_part(check):
+    """(e) The paper Transformer (PathX: 4 × 128, block-local attention) forward + backward at PathX's length in the
+    training precision with SDPA limited to the flash and memory-efficient kernels: if the fused path is not taken,
+    torch raises (no math fallback)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    values = models.preset_values("paper", "transformer", "pathx", False)
+    L, B = check.scale["attention_L"], check.scale["attention_batch"]
+    extra = {} if check.scale["attention_L"] >= 16384 else dict(local_min_len=L // 2, block_size=L // 4)
+    build, forward = memory.training_case("transformer", "pathx", {**values, **extra}, "finetune", B, L)
+    torch.manual_seed(0)
+    model = build().to(check.args.device)
+    precision = training_precision(check)
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    t0 = time.time()
+    with sdpa_kernel(backends), memory.autocast("bf16" if precision in ("bf16", "fp16") else "fp32",
+                                               device_type(check.args.device)):
+        loss = forward(model)
+    loss.backward()
+    speed.synchronizer(check.args.device)()
+    return dict(L=L, batch=B, precision=precision, backends=[b.name for b in backends], seconds=time.time() - t0,
+                loss=float(loss))
+
+
+def compile_part(check):
+    """(f) The main command for main_steps steps with --compile (tiny: the aot_eager backend, paper: inductor): the
+    compile records train.py logs (graphs, frames run eagerly, graph breaks) and the fallback verdict."""
+    flags, n = main_flags(check, check.scale["main_steps"], ["--compile"])
+    old = steps.COMPILE_BACKEND
+    steps.COMPILE_BACKEND = check.scale["compile_backend"]
+    try:
+        torch._dynamo.reset()
+        res, config, records, peak = run_main(check, flags, n)
+    finally:
+        steps.COMPILE_BACKEND = old
+    compiled = [r for r in records if r.get("phase") == "compile"]
+    fell_back = any(r["frames_eager"] for r in compiled)
+    return dict(backend=check.scale["compile_backend"], records=compiled, fell_back=fell_back,
+                status="error" if fell_back else "ok", error="frames fell back to eager" if fell_back else None)
+
+
+def spt_batch_part(check):
+    """(g) The SPT batch the main command really ran (part c's config.json) against the preset's."""
+    main = check.parts.get("main", {})
+    if main.get("status") != "ok":
+        raise RuntimeError("needs part main (c)")
+    preset = models.preset_values("paper", "dlr", "pathx", True)["pretrain_batch_size"]
+    if main["pretrain_batch_size"] != preset:
+        raise RuntimeError(f"the main command pre-trained with batch {main['pretrain_batch_size']}, preset {preset}")
+    return dict(pretrain_batch_size=main["pretrain_batch_size"], preset=preset, spt_s_per_step=main["spt_s_per_step"])
+
+
+def training_precision(check):
+    """What train.py picks on this device by default: bf16 (compute capability ≥ 8), fp16 below; fp32 on a CPU."""
+    if not check.cuda():
+        return "fp32"
+    return "bf16" if torch.cuda.get_device_capability(check.args.device)[0] >= 8 else "fp16"
+
+
+PARTS = {"tf32": tf32_part, "kernels": kernels_part, "main": main_part, "largest": largest_part,
+         "attention": attention_part, "compile": compile_part, "spt_batch": spt_batch_part}
 
 
 def gpu_check(args, argv, started):
@@ -323,6 +449,7 @@ def gpu_check(args, argv, started):
     recording its error and log and the check going on if it fails, until the deadline (started + --minutes,
     less MARGIN_S). SIGTERM: what is done is on disk; exit status 143. -> dict(out_dir, parts, failed)."""
     check = Check(args, argv, started)
+    print(f"gpu check: writing to {check.out}", flush=True)
 
     def stop(signum, frame):
         raise Stopped("SIGTERM: the check stopped here, the parts before are saved")
@@ -340,57 +467,3 @@ def gpu_check(args, argv, started):
     failed = [name for name, part in check.parts.items() if part["status"] == "error"]
     print("\n".join(summary_lines(check)) + (f"\nFAILED: {', '.join(failed)}" if failed else ""))
     return dict(out_dir=str(check.out), parts=check.parts, failed=failed)
-
-
-# ---- summary.md -----------------------------------------------------------------------------------------------------
-
-def summary_lines(check):
-    """summary.md: measured numbers only; the device, torch, commit and command first, then each part as it stands."""
-    m, parts = check.machine, check.parts
-    lines = [f"# bench.py --gpu-check: {m['cpu']}", "",
-             f"device {m['cpu']} ({check.args.device}, {m['gpu_memory_mib']:.0f} MiB, {m['cores']} CPU cores) | "
-             f"torch {m['torch']} (CUDA {m['cuda']}) | commit {m['commit']} | `{m['command']}` | scale "
-             f"{check.args.check_scale} | {(time.time() - check.started) / 60:.1f} of {check.args.minutes:g} min "
-             "from the process's start", ""]
-    for name, part in parts.items():
-        if part["status"] in ("skipped", "error"):
-            why = part.get("reason") or part["error"].strip().splitlines()[-1]
-            lines += [f"- {name}: {part['status']}: {why}" + (f" (last lines in {name}.log)" if part.get("log")
-                                                            else "")]
-    if parts.get("kernels", {}).get("status") == "ok":
-        lines += ["", "## kernels: TF32 allowed (matmuls follow it) vs guarded (exact float32), against float64", "",
-                  *speed.kernel_lines(parts["kernels"]["rows"])]
-    if parts.get("layers", {}).get("status") == "ok":
-        for precision, res in parts["layers"].items():
-            if isinstance(res, dict) and "layers" in res:
-                lines += ["", f"## one layer, forward + backward, {precision}", "",
-                          *speed.speed_lines(dict(res, train=[]), layer_args(check, precision))]
-    every = parts.get("runs", {}).get("runs", [])
-    lines += [f"- run {r['model']} on {r['task']}{' with SPT' * r['spt']}: {r['status']}: "
-              f"{r.get('reason') or r['error'].strip().splitlines()[-1]}" for r in every if r["status"] != "ok"]
-    runs = [r for r in every if r.get("status") == "ok"]
-    if runs:
-        lines += ["", "## --preset paper, short runs on generated images", "",
-                  "ms / step: from the first to the last evaluation (evaluations included); memory: CUDA's peak "
-                  "allocated / reserved over the run (CPU: the resident set's peak), est.: tools/memory.py's estimate "
-                  "of one fine-tuning step", ""]
-        lines += table(["model", "task", "run", "precision", "batch", "accum", "warm-up", "steps", "ms / step",
-                        "tokens/s", "peak MiB", "reserved MiB", "est. MiB", "last val_acc", "test_acc", "wall s"],
-                       [[r["model"], r["task"], "SPT + FT" if r["spt"] else "TFS", r["precision"], r["batch"],
-                         r["accum_steps"], r["warmup"], r["steps"], f"{r['ms_per_step']:.1f}",
-                         f"{r['tokens_per_s']:.0f}", f"{r['peak_mib']:.0f}", "–" if r["reserved_mib"] is None else
-                         f"{r['reserved_mib']:.0f}", f"{r['est_peak_mib']:.0f}", f"{r['curve'][-1][1]:.3f}",
-                         f"{r['test_acc']:.3f}", f"{r['wall_s']:.0f}"] for r in runs])
-        images = {(r["task"], r["images"]["images"]): r["images"] for r in runs}
-        lines += ["", "images generated: " + ", ".join(f"{task} {d['images']} in {d['seconds']:.1f} s on {d['cores']} "
-                                                       f"cores" for (task, _), d in images.items())]
-    claim = parts.get("claim", {})
-    if claim.get("status") == "ok":
-        lines += ["", f"## claim: Transformer on Pathfinder, val_acc after the same {claim['steps']} fine-tuning "
-                  "steps", ""]
-        lines += table(["fine-tuning step", "from scratch", "after SPT"], [[a[0], f"{a[1]:.3f}", f"{b[1]:.3f}"]
-                       for a, b in zip(claim["tfs"]["curve"], claim["spt"]["curve"])])
-        lines += ["", *(f"{kind}: first step with val_acc ≥ {CHANCE_PLUS}: {claim[kind]['first_step_over'] or 'none'}"
-                        f"; test_acc {claim[kind]['test_acc']:.3f}; {claim[kind]['wall_s']:.0f} s"
-                        for kind in ("tfs", "spt"))]
-    return lines

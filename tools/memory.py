@@ -5,7 +5,7 @@ counts the bytes of every live storage, as an allocator would:
            forward and backward (activations autograd saves, temporaries)
 Check: the estimate equals a real CPU step's growth of the resident set within a few % (tests/test_memory.py; the
 table and the check: `python bench.py --memory`, results/memory.md); what it leaves out on a GPU:
-results/bench_notes.md. Every paper preset must fit 90 % of an 80 GB card (presets.MAX_MICRO_BATCH makes them fit).
+results/bench_notes.md. plan_phase splits a phase's batch into micro-batches that fit the card in hand (steps.plan_memory).
 """
 import ctypes
 import dataclasses
@@ -204,6 +204,57 @@ def memory_table():
         print(f"  {model_name:11s} {task:10s} {phase:8s} micro-batch {rows[-1]['micro_batch']:3d}: fp32 "
               f"{est['fp32']['gib']:6.1f} GiB, bf16 {est['bf16']['gib']:6.1f} GiB", flush=True)
     return rows
+
+
+# ---- the plan: micro-batches from the card in hand -------------------------------------------------------------------
+
+_PEAKS = {}                    # memoised estimates: (model, task, phase, B, L, precision, values) -> estimate
+
+
+def card_memory(device):
+    """(free, total) bytes of the CUDA card `device` (torch.cuda.mem_get_info: what the driver reports, other
+    processes' use included). Tests replace this function to simulate a card."""
+    return torch.cuda.mem_get_info(device)
+
+
+def card_budget(device):
+    """Bytes a run may plan to use on `device`: HEADROOM of the card's total (the rest is for what the estimate
+    leaves out: CUDA context, cuFFT / cuBLAS workspaces, allocator rounding), and never more than is free now."""
+    free, total = card_memory(device)
+    return min(free, HEADROOM * total), total
+
+
+def step_estimate(model_name, task, values, phase, B, L, precision):
+    """training_memory(...), memoised (a plan asks for the same step more than once)."""
+    key = (model_name, task, phase, B, L, precision, json.dumps(values, sort_keys=True, default=str))
+    if key not in _PEAKS:
+        _PEAKS[key] = training_memory(model_name, task, values, phase, B, L, precision)
+    return _PEAKS[key]
+
+
+def plan_phase(model_name, task, values, phase, batch, L, precision, budget, accum_steps=None):
+    """The micro-batches of one phase: the smallest accum_steps that divides `batch` (this process's rows of a step)
+    and whose micro-batch batch / accum_steps has an estimated peak (training_memory at the padded length L) within
+    `budget` bytes; accum_steps given: kept, only estimated. precision: train.py's --precision (fp16 counts as bf16,
+    tf32 as fp32). Fewer accumulation steps first: the same update, but BatchNorm normalises each micro-batch with its
+    own statistics (docs/gpu.md). -> dict(phase, batch, L, accum_steps, micro_batch, est_gib, budget_gib, fits)."""
+    precision = "bf16" if precision in ("bf16", "fp16") else "fp32"
+    peak = lambda m: step_estimate(model_name, task, values, phase, m, L, precision)["peak"]   # noqa: E731
+    if accum_steps is None:
+        whole = step_estimate(model_name, task, values, phase, batch, L, precision)
+        accum_steps = 1
+        if whole["peak"] > budget:
+            # weights, gradients, AdamW's moments stay; the step's activations shrink with the micro-batch: a
+            # guess that skips micro-batches that cannot fit, each candidate then estimated
+            fixed, per_example = whole["peak"] - whole["step"], whole["step"] / batch
+            for a in (a for a in range(2, batch + 1) if batch % a == 0):
+                accum_steps = a
+                if fixed + per_example * (batch // a) <= budget and peak(batch // a) <= budget:
+                    break
+    micro = -(-batch // accum_steps)
+    est = peak(micro)
+    return dict(phase=phase, batch=batch, L=L, accum_steps=accum_steps, micro_batch=micro, est_gib=est / 2**30,
+                budget_gib=budget / 2**30, fits=bool(est <= budget))
 
 
 # ---- the check: the estimate against a real CPU step ----------------------------------------------------------------

@@ -9,7 +9,6 @@ import argparse
 import copy
 import math
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 
 import lra_data
 import models
+import runs
 import ssm
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
@@ -197,18 +197,64 @@ def train_step(model_name, preset, args):
     return row
 
 
+def eval_pass(args, task="pathx", batches=4, batch=2, size=None):
+    """What computing each SSM kernel once per evaluation pass saves (ssm.SSMLayer.kernel_of): one pass of `batches`
+    random full-length batches of `batch` examples through the --preset paper classifier of S4 and DLR on `task`, in
+    eval mode under no_grad, with the kernels cached (now) and computed in every forward (before), the same weights
+    and inputs; size: preset values to override (tests: a small model). -> rows with both seconds, their ratio and
+    the largest output difference."""
+    rows, L = [], lra_data.TASKS[task].max_len
+    for model_name in ("s4", "dlr"):
+        values = {**models.preset_values("paper", model_name, task, spt=False), **(size or {})}
+        torch.manual_seed(0)
+        model = training_case(model_name, task, values, "finetune", batch, L)[0]().to(args.device).eval()
+        xs = [torch.randn(batch, L, model.backbone.cfg.d_input, device=args.device) for _ in range(batches)]
+        sync, out = synchronizer(args.device), {}
+        for cached in (False, True):
+            if not cached:                                   # the code before: the kernel in every forward
+                for layer in model.backbone.layers:
+                    layer.kernel_of = lambda L, kernel=layer.kernel: kernel(L)     # shadows the method
+            with torch.no_grad():
+                model.eval()                                 # a new pass
+                sync()
+                t0 = time.perf_counter()
+                logits = torch.cat([model(x, None) for x in xs])          # (batches·batch, classes)
+                sync()
+                out[cached] = (time.perf_counter() - t0, logits)
+            for layer in model.backbone.layers:
+                layer.__dict__.pop("kernel_of", None)
+        (before, a), (now, b) = out[False], out[True]
+        rows.append(dict(model=model_name, task=task, L=L, batches=batches, batch=batch,
+                         layers=values["n_layers"], d_model=values["d_model"], before_s=before, cached_s=now,
+                         ratio=before / now, max_abs_diff=float((a - b).abs().max())))
+        print(f"  eval pass {model_name:4s} {task} {batches} batches of {batch}: kernel every batch {before:.1f} s, "
+              f"once per pass {now:.1f} s ({before / now:.2f}x), max |diff| {rows[-1]['max_abs_diff']:.1e}",
+              flush=True)
+    return rows
+
+
+def eval_pass_lines(rows):
+    """The markdown of `python bench.py --eval-cache`."""
+    return ["Evaluation pass (eval mode, no_grad) of the --preset paper classifier on random full-length inputs: SSM "
+            "kernels computed in every forward (before) vs once per pass (ssm.SSMLayer.kernel_of, now). The saving "
+            "grows with the batches in a pass (PathX: 20,000 validation examples of the 200,000 generated, at batch 64: 313 batches).", "",
+            *table(["model", "task", "L", "layers × H", "batches × B", "before s", "now s", "before / now",
+                    "max |logit diff|"],
+                   [[r["model"], r["task"], r["L"], f"{r['layers']} × {r['d_model']}", f"{r['batches']} × {r['batch']}",
+                     f"{r['before_s']:.1f}", f"{r['cached_s']:.1f}", f"{r['ratio']:.2f}", f"{r['max_abs_diff']:.1e}"]
+                    for r in rows])]
+
+
 # ---- the report: machine, tables ------------------------------------------------------------------------------------
 
 def machine_info(argv, args):
     """What the numbers depend on: the machine, its load (1, 5, 15 min), the threads, torch, the commit."""
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    git = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parent)
     gpu = device_type(args.device) == "cuda"
     return dict(cpu=torch.cuda.get_device_name(args.device) if gpu else cpu, cores=os.cpu_count(),
                 torch_threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), load=[round(x, 2) for x in os.getloadavg()],
-                torch=torch.__version__, commit=git.stdout.strip() or "?", command=" ".join(["python bench.py", *argv]))
+                torch=torch.__version__, commit=runs.git_commit(), command=" ".join(["python bench.py", *argv]))
 
 
 
@@ -263,16 +309,14 @@ def kernel_precision(args, task="pathx"):
     (ssm.TF32_IN_KERNELS, the code before the guard) and with the guard (ssm.Matmul, TF32 off inside). On a CPU
     there is no TF32: both rows are float32."""
     L, rows = lra_data.TASKS[task].max_len, []
-    name_, on, _ = ssm.tf32_flag()
-    before, flags = ssm.TF32_IN_KERNELS, torch.backends.cuda.matmul
-    old = getattr(flags, name_)
+    before = ssm.TF32_IN_KERNELS
     for name in KERNELS:
         kernel = paper_kernel(name, task, args.device)
         with torch.no_grad():
             exact = copy.deepcopy(kernel).double()(L).reshape(-1, L)              # (channels, L) float64
         for guarded in (False, True):
+            old = ssm.set_matmul_precision("high")                  # TF32 allowed, readable
             try:
-                setattr(flags, name_, on)
                 ssm.TF32_IN_KERNELS = not guarded
                 with torch.no_grad():
                     K = kernel(L).reshape(-1, L).double()
@@ -280,7 +324,7 @@ def kernel_precision(args, task="pathx"):
                 seconds = timed(lambda: kernel(L).square().sum().backward(), args)[0]
             finally:
                 ssm.TF32_IN_KERNELS = before
-                setattr(flags, name_, old)
+                ssm.set_matmul_precision(old)
             rows.append(dict(kernel=name, task=task, L=L, channels=len(err), tf32_allowed=True, guarded=guarded,
                              fwd_bwd_seconds=seconds, max_error=float(err.max()),
                              over_1e_3=int((err > 1e-3).sum()), over_1e_2=int((err > 1e-2).sum())))
