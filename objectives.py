@@ -84,3 +84,22 @@ def spt_head(args, cfg):
     gen_cfg = dataclasses.replace(cfg, d_model=args.gen_width, n_layers=args.gen_layers)
     return dict(kind="rtd", n_out=heads.n_outputs(args.task),
                 gen_config=dataclasses.asdict(gen_cfg), gdes=args.gdes)
+
+
+SPT_FLAGS = ("objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size", "pretrain_accum_steps")
+
+
+def ignored_flags(args, given):
+    """Notes naming the flags typed on the command line (`given`) that this run does not use: the
+    SPT-only flags (SPT_FLAGS and every objective's own) without --spt, and with --spt the flags of
+    objectives other than --objective. -> a list of at most one line."""
+    dash = lambda k: "--" + k.replace("_", "-")  # noqa: E731
+    own = {n for o in OBJECTIVES.values() for n in o.flags}
+    if not args.spt:
+        unused = sorted(given & {*SPT_FLAGS, *own})
+        return [f"note: {', '.join(map(dash, unused))} only act{'s' * (len(unused) == 1)} with "
+                f"--spt: ignored"] if unused else []
+    unused = sorted(given & own - set(OBJECTIVES[args.objective].flags))
+    users = lambda k: "/".join(n for n, o in OBJECTIVES.items() if k in o.flags)  # noqa: E731
+    return [f"note: {', '.join(f'{dash(k)} (of --objective {users(k)})' for k in unused)} "
+            f"not used by --objective {args.objective}: ignored"] if unused else []

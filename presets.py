@@ -11,15 +11,14 @@ Explicit command-line flags always win over a preset (apply, one merge); check
 holds the checks that involve several flags; each flag's own range is checked by its argparse type
 (at_least, in_range), given where the flag is declared (train.parse_flags, objectives.OBJECTIVES).
 """
-import argparse
 import dataclasses
 import os
-import re
 from pathlib import Path
 
 import torch
 
 import lra_data
+from tools.checked import at_least, flag_message, in_range, number, seed  # noqa: F401  (the flags)
 
 # ---- paper: model sizes --------------------------------------------------------------------------
 
@@ -243,40 +242,7 @@ def model_config(Config, task, values, causal=False):
     return Config(**{k: v for k, v in kw.items() if k in fields})
 
 
-# ---- one flag's own range: the argparse types of train.parse_flags and objectives.OBJECTIVES ---
-
-def flag_message(message):
-    """argparse's "argument --lr: 0.0 must be > 0" as "--lr 0.0 must be > 0"."""
-    return re.sub(r"^argument ([-\w/]+): ", r"\1 ", message)
-
-
-def number(kind, ok, rule):
-    """An argparse type: text -> kind, checked by ok(value), else the one-line "<value> <rule>"."""
-    def check(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not {'an integer' if kind is int else 'a number'}")
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"{value:g} {rule}")
-        return value
-    return check
-
-
-def at_least(low):
-    """An argparse type: an integer ≥ low."""
-    return number(int, lambda v: v >= low, f"must be at least {low}")
-
-
-def in_range(low, high, open_low=False, open_high=False):
-    """An argparse type: a number in [low, high], ( or ) where open."""
-    ok = lambda v: ((low < v if open_low else low <= v)  # noqa: E731
-                    and (v < high if open_high else v <= high))
-    return number(float, ok, f"must be in {'(' if open_low else '['}{low:g}, {high:g}"
-                  f"{')' if open_high else ']'}" if high != float("inf")
-                  else f"must be {'>' if open_low else '>='} {low:g}")
-
+# ---- one flag's own range: the argparse types (tools/checked.py: finite numbers only) ------------
 
 # ---- one merge of preset and flags; the checks of several flags at once --------------------------
 
@@ -418,10 +384,11 @@ def main(argv=None):
     import sys
 
     import models                    # the models read these presets: imported only here (no cycle)
+    from tools import checked
     p = argparse.ArgumentParser(description="Print every --preset paper value and its source "
                                             "(markdown).")
     p.add_argument("--out", default=None, help="write the table here instead of printing it")
-    p.error = lambda m: (print(f"presets.py: error: {m}", file=sys.stderr), sys.exit(2))
+    p.error = lambda m: (print(f"presets.py: error: {flag_message(m)}", file=sys.stderr), sys.exit(2))
     args = p.parse_args(argv)
     if args.out and Path(args.out).is_dir():
         p.error(f"--out {args.out} is a folder: pass a file name, e.g. results/paper_presets.md")
@@ -430,8 +397,11 @@ def main(argv=None):
                       "(tests/test_paper_presets.py checks that it is current). Sizes: "
                       "docs/presets.md.", "",
                       *paper_table(models.MODELS)])
+    if args.out and not checked.owned(args.out):
+        p.error(f"--out {args.out} exists and presets.py did not write it (it is not in "
+                f"{Path(args.out).parent / checked.MANIFEST}): it is left untouched; pass another name")
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        checked.write_owned(args.out, text + "\n", "presets.py")
     else:
         print(text)
 

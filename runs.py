@@ -12,11 +12,9 @@ Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, da
 import argparse
 import contextlib
 import dataclasses
-import errno
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +24,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from tools import checked
 
 try:
     import fcntl  # POSIX file locks; absent on Windows
@@ -46,19 +46,10 @@ def fail(message):
     raise SystemExit(2)
 
 
-def free_space(path):
-    """'12.3 GB free' on the file system that holds path (or its nearest existing parent)."""
-    probe = Path(path).resolve()
-    while not probe.exists():
-        probe = probe.parent
-    return f"{shutil.disk_usage(probe).free / 1e9:.1f} GB free"
-
-
 def cannot_write(path, error):
     """The one line for a write that failed: the path, why, the space left there, what to do."""
-    denied = getattr(error, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS)  # not a full disk
-    fail(f"cannot write {path} ({error.strerror or error}; {free_space(path)}): "
-         f"{'make it writable' if denied else 'free some space'} or pass another --out / --cache-dir; "
+    fail(f"cannot write {path} ({error.strerror or error}; {checked.free_space(path)}): "
+         f"{checked.write_advice(error)} or pass another --out / --cache-dir; "
          f"the files written before are intact")
 
 
@@ -99,7 +90,7 @@ def append_line(path, text):
             if f.tell() > 0:
                 f.seek(-1, os.SEEK_END)
                 cut = f.read(1) != b"\n"
-            f.write(b"\n" * cut + text.encode() + b"\n")
+            f.write(b"\n" * cut + text.encode(errors="surrogateescape") + b"\n")  # a path: OS bytes
     except OSError as e:
         cannot_write(path, e)
 
@@ -334,7 +325,10 @@ def write_results(folder, results):
 
 def save_checkpoint(path, state):
     """A plain dict via write_whole: a kill or full disk mid-write leaves the old file intact."""
-    write_whole(path, lambda tmp: torch.save(state, tmp))
+    def save(tmp):                  # through a Python file: a path of any bytes (torch's own takes UTF-8 only)
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+    write_whole(path, save)
 
 
 def save_evaluation(folder, best_file, state):
@@ -364,7 +358,8 @@ def catch_up_log(folder, ck):
 def read_checkpoint(path, device="cpu"):
     """torch.load of a train.py checkpoint; ValueError (one line) if empty, truncated or not one."""
     try:
-        ck = torch.load(path, map_location=device, weights_only=True)
+        with open(path, "rb") as f:                 # a Python file: a path of any bytes, as the OS gave it
+            ck = torch.load(f, map_location=device, weights_only=True)
     except Exception as e:                          # truncated, empty, garbage, not plain data
         raise ValueError(
             f"{path} is damaged or not a train.py checkpoint ({type(e).__name__})") from None

@@ -289,6 +289,19 @@ def check_finite(state, phase):
                      f"(try a lower --lr / --pretrain-lr)")
 
 
+def check_finite_eval(phase, epoch, val, best):
+    """Stop in one line (status 2) at an evaluation whose validation loss is not finite: such a model
+    never becomes the phase's best checkpoint (phase.best_file keeps the last finite one) nor
+    last.pt. best: the phase's best so far ({"epoch": 0} before any)."""
+    if math.isfinite(val["loss"]):
+        return
+    kept = (f"{phase.best_file} holds epoch {best['epoch']}, the last finite evaluation" if best["epoch"]
+            else f"no {phase.best_file} was written")
+    lr = "--pretrain-lr" if phase.name == "spt" else "--lr"
+    fail(f"{phase.name} epoch {epoch}: validation loss {val['loss']} is not finite (the first "
+         f"non-finite evaluation); {kept}; start again with a lower {lr}")
+
+
 # ---- the optimiser's groups and schedule --------------------------------------------------
 
 def param_groups(model, lr, wd, ssm_lr, ssm_names):

@@ -40,6 +40,7 @@ from models import MODELS, build_model, load_model  # noqa: E402, F401  (load_mo
 from objectives import OBJECTIVES  # noqa: E402
 from presets import at_least, in_range  # noqa: E402
 from runs import fail, log  # noqa: E402
+from tools import checked  # noqa: E402
 
 
 # ---- every flag, once ------------------------------------------------------------------------
@@ -93,7 +94,7 @@ def parse_flags(argv):
     flag("--max-train", type=count, default=None, help="at most this many train examples")
     flag("--max-eval", type=count, default=None, help="at most this many val / test examples")
     flag("--workers", type=count, default=None, help="DataLoader workers (CPU 0, CUDA 8)")
-    flag("--seed", type=int, default=0, help="model init; batch order seed+1, masks seed+2")
+    flag("--seed", type=presets.seed(), default=0, help="model init; batch order seed+1, masks seed+2")
     flag("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if there)")
     flag("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None,
          help="default: bf16 or fp16 on CUDA, fp32 on CPU (docs/gpu.md)")
@@ -163,6 +164,7 @@ def run_phase(phase, model, run, splits, resume=None):
             continue                                        # evaluate every k-th epoch and the last
         with runs.stopping_at(f"{phase.name} epoch {epoch}/{phase.epochs}, evaluation"):
             val = evaluate(state.forward, phase.prepare, val_batches, args.seed + 3, state.amp)
+            steps.check_finite_eval(phase, epoch, val, best)    # never a non-finite best or last
             improved = best["epoch"] == 0 or score(val) > score(best["val"])
             if improved:
                 best = {"name": f"val_{phase.select}", "value": val[phase.select], "epoch": epoch,
@@ -320,11 +322,7 @@ def settle(argv):
         cfg = presets.check(args, config_kw, MODELS[args.model], OBJECTIVES[args.objective])
     except ValueError as e:
         fail(str(e))
-    spt_only = given & {"objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size",
-                        "pretrain_accum_steps", *(n for o in OBJECTIVES.values() for n in o.flags)}
-    if spt_only and not args.spt:
-        names = ", ".join("--" + k.replace("_", "-") for k in sorted(spt_only))
-        notes.append(f"note: {names} only act{'s' * (len(spt_only) == 1)} with --spt: ignored")
+    notes += objectives.ignored_flags(args, given)  # SPT-only flags, another objective's flags
     if resume:                                      # the weights' own config, whatever the presets
         cfg = type(cfg)(**resume["config"])
     runs.absolute_paths(args)                       # a resume from elsewhere finds the same files
@@ -364,6 +362,7 @@ def build(args, cfg, device, resume):
 
 def main(argv=None):
     runs.stop_on_sigterm()                          # a scheduler's SIGTERM is a Ctrl-C
+    checked.console_as_os_bytes()                   # a path of any bytes prints as the OS gave it
     args, cfg, notes, resume, lock = settle(argv)
     device, world = steps.setup_device(args)        # also --precision and --workers
     data = prepare_data(args)                       # before any collective (DDP start-up)

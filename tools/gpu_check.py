@@ -31,7 +31,7 @@ import lra_data
 import models
 import train
 from lra import pathfinder
-from tools import memory, speed
+from tools import checked, memory, speed
 from tools.memory import device_type, memory_mib, table
 
 # Sizes per --check-scale. runs: task -> (steps, epochs) of each part-3 run; guess_s: seconds a part or run is assumed
@@ -129,6 +129,12 @@ class Check:
         default = Path(__file__).resolve().parents[1] / "results" / "gpu" / folder
         self.out = Path(args.out_dir) if args.out_dir else default
         self.out.mkdir(parents=True, exist_ok=True)
+        theirs = [n for n in [*(f"{p}{x}" for p in [*PARTS, "stopped"] for x in (".json", ".log")), "summary.md"]
+                  if not checked.owned(self.out / n)]                  # before any part: nothing overwritten
+        if theirs:
+            print(f"bench.py: error: --out-dir {self.out}: {theirs[0]} there was not written by the GPU check (not "
+                  f"in {checked.MANIFEST}); it is left untouched: pass another --out-dir", file=sys.stderr)
+            raise SystemExit(2)
         self.started, self.deadline = started, started + 60 * args.minutes - MARGIN_S
         self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))       # images: never brought back
         self.parts, self.data = {}, {}
@@ -140,8 +146,8 @@ class Check:
         """<name>.json now, and summary.md refreshed: whatever happens next, this part is on disk."""
         self.parts[name] = part
         body = dict(machine=self.machine, scale=self.args.check_scale, **part)
-        (self.out / f"{name}.json").write_text(json.dumps(body, indent=1))
-        (self.out / "summary.md").write_text("\n".join(summary_lines(self)) + "\n")
+        checked.write_owned(self.out / f"{name}.json", json.dumps(body, indent=1), "bench.py --gpu-check")
+        checked.write_owned(self.out / "summary.md", "\n".join(summary_lines(self)) + "\n", "bench.py --gpu-check")
 
 
 def attempt(check, name, fn, need_s):
@@ -153,6 +159,7 @@ def attempt(check, name, fn, need_s):
         return check.save(name, dict(status="skipped", reason=f"needs ~{need_s:.0f} s, {max(check.left(), 0):.0f} s "
                                      "of --minutes left"))
     t0 = time.time()
+    checked.record(check.out, log.name, "bench.py --gpu-check")      # appended to: ours (Check checked it)
     try:
         with logged(log), time_limit(check.left()):
             part = dict(fn(check), status="ok")
@@ -233,10 +240,10 @@ def paper_run(check, model, task, steps, epochs, max_eval, spt=False):
     res = train.main(flags)
     peak = {k: memory_mib(check.args.device, k) for k in ("peak", "reserved_peak", "total")}
     run_dir = Path(res["run_dir"])
-    for ck in run_dir.glob("*.pt"):
-        ck.unlink()
-    run = json.loads((run_dir / "config.json").read_text())["args"]
-    records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    for name in ("spt.pt", "best.pt", "last.pt"):                   # the run's own checkpoints: this run made them
+        (run_dir / name).unlink(missing_ok=True)
+    config, _, records = checked.read_run_folder(run_dir, "the run just made is damaged: run the check again")
+    run = config["args"]
     ft = [r for r in records if r.get("phase") == "finetune"]
     first = ft[0] if len(ft) > 1 else dict(elapsed_s=0.0, step=0)      # one evaluation: from the start, then
     s = (ft[-1]["elapsed_s"] - first["elapsed_s"]) / max(1, ft[-1]["step"] - first["step"])
