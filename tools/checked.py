@@ -4,7 +4,7 @@ numbers:  argparse types that parse, range-check and refuse NaN and ±inf (a val
           would start a run that can only fail): number, at_least, in_range, seed
 reads:    read_json / read_text: a file that is missing, unreadable, cut or not what it claims raises Damaged, one
           line naming the file, what is wrong and what to do
-outputs:  a manifest (.outputs.json) beside a tool's outputs names each file the tool wrote; a tool overwrites or
+outputs:  a manifest (.outputs, JSON) beside a tool's outputs names each file the tool wrote; a tool overwrites or
           deletes only files it lists (write_owned, remove_owned), so a user's file of the same name or pattern in
           --out is never touched
 No torch here: results/control.py and summarize.py use it without importing the models.
@@ -134,7 +134,7 @@ def read_run_folder(folder, fix):
 
 # ---- outputs a tool owns -------------------------------------------------------------------------
 
-MANIFEST = ".outputs.json"
+MANIFEST = ".outputs"     # JSON; no .json suffix, so a glob of a tool's *.json outputs never finds it
 
 
 class NotOwned(Exception):
@@ -142,7 +142,7 @@ class NotOwned(Exception):
 
 
 def manifest(folder):
-    """{file name: tool} of the files that tools of this repo wrote into `folder` (its .outputs.json); a damaged
+    """{file name: tool} of the files that tools of this repo wrote into `folder` (its .outputs); a damaged
     manifest counts as empty (nothing is then deleted or overwritten)."""
     try:
         files = json.loads((Path(folder) / MANIFEST).read_text()).get("files", {})

@@ -44,7 +44,7 @@ SCALES = {
     "tiny": dict(kernel_task="pathfinder", size=dict(d_model=16, n_layers=1, d_state=8), batch=2, max_eval=2,
                  layers=dict(lengths=[64, 128, 256], max_tokens=512, batch=2, d_model=16, d_state=8, dlr_state=32,
                              n_heads=2, min_time=0, max_reps=1, fit_from=64, presets=[], models=["s4-nplr", "dlr"]),
-                 runs={"pathfinder": (3, 3), "pathx": (2, 2)}, claim_epochs=2, claim_eval=2, min_claim_steps=2,
+                 runs={"pathfinder": (6, 3), "pathx": (4, 2)}, claim_epochs=2, claim_eval=2, min_claim_steps=2,
                  max_claim_steps=4, guess_s=dict(kernels=0, layers=0, runs=0, run=0, claim=0),
                  skip={("transformer", "pathx"): "--check-scale tiny: the paper's block-local attention at "
                                                  "L = 16,384 takes seconds a step on a CPU core"}),
