@@ -37,25 +37,18 @@ STARTED = process_start()          # --gpu-check's --minutes count from here: im
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import torch  # noqa: E402
-
 import lra_data  # noqa: E402
+from presets import at_least, in_range  # noqa: E402  (train.py's flag types)
+from steps import check_device  # noqa: E402
 from tools import checked, memory, speed  # noqa: E402
 from tools.memory import device_type  # noqa: E402
 
 PRESETS = ["tiny", "small", "paper"]
-
-
-def positive(kind, zero=False):
-    """An argparse type: a finite number of `kind` > 0 (≥ 0 with zero=True), else a one-line error
-    naming the value (tools/checked.py: NaN and ±inf are refused)."""
-    if kind is int:
-        return checked.at_least(0 if zero else 1)
-    return checked.in_range(0, open_low=not zero)
 
 
 def fail(message):
@@ -74,25 +67,25 @@ def parse_args(argv=None):
     flag("--memory", action="store_true",
          help="estimate the peak memory of the --preset paper runs instead")
     flag("--gpu-check", action="store_true", help="the GPU check (tools/gpu_check.py)")
-    flag("--minutes", type=positive(float), default=6.0,
+    flag("--minutes", type=in_range(0, math.inf, open_low=True), default=6.0,
          help="--gpu-check: all of it, from the process's start")
     flag("--check-scale", choices=["paper", "tiny"], default=None,
          help="--gpu-check sizes (default: paper on cuda, tiny on cpu: width 16, one layer, "
               "a few steps)")
     flag("--out-dir", default=None,
          help="--gpu-check: output folder (default results/gpu/<device>)")
-    flag("--lengths", type=positive(int), nargs="+", default=None,
+    flag("--lengths", type=at_least(1), nargs="+", default=None,
          help=f"lengths L ({speed.FULL['lengths']})")
-    flag("--batch", type=positive(int), default=speed.DEFAULTS["batch"],
+    flag("--batch", type=at_least(1), default=speed.DEFAULTS["batch"],
          help="B of one layer's forward+backward")
-    flag("--max-tokens", type=positive(int), default=None,
+    flag("--max-tokens", type=at_least(1), default=None,
          help=f"B ≤ this // L ({speed.FULL['max_tokens']})")
-    flag("--d-model", type=positive(int), default=speed.DEFAULTS["d_model"],
+    flag("--d-model", type=at_least(1), default=speed.DEFAULTS["d_model"],
          help="H, channels of each layer")
-    flag("--d-state", type=positive(int), default=speed.DEFAULTS["d_state"],
+    flag("--d-state", type=at_least(1), default=speed.DEFAULTS["d_state"],
          help="N of S4 (nplr and diag)")
-    flag("--dlr-state", type=positive(int), default=speed.DEFAULTS["dlr_state"], help="N of DLR")
-    flag("--n-heads", type=positive(int), default=speed.DEFAULTS["n_heads"],
+    flag("--dlr-state", type=at_least(1), default=speed.DEFAULTS["dlr_state"], help="N of DLR")
+    flag("--n-heads", type=at_least(1), default=speed.DEFAULTS["n_heads"],
          help="attention heads of the Transformer layer")
     flag("--models", nargs="+", choices=speed.LAYERS, default=speed.LAYERS,
          help="layers to measure")
@@ -100,17 +93,17 @@ def parse_args(argv=None):
          help="task of the training-step measurement")
     flag("--presets", nargs="*", choices=PRESETS, default=None,
          help=f"training-step presets ({speed.FULL['presets']})")
-    flag("--train-batch", type=positive(int), default=None,
+    flag("--train-batch", type=at_least(1), default=None,
          help="B of the training step (preset's ≤ tokens/L)")
     flag("--kernel-precision", action=argparse.BooleanOptionalAction, default=None,
          help="the kernels at PathX with TF32 allowed and guarded (default: on, off with --quick)")
-    flag("--min-time", type=positive(float, zero=True), default=None,
+    flag("--min-time", type=in_range(0, math.inf), default=None,
          help=f"seconds of repeats ({speed.FULL['min_time']})")
-    flag("--max-reps", type=positive(int), default=None,
+    flag("--max-reps", type=at_least(1), default=None,
          help=f"most timed repeats ({speed.FULL['max_reps']})")
-    flag("--max-step-seconds", type=positive(float, zero=True), default=60.0,
+    flag("--max-step-seconds", type=in_range(0, math.inf), default=60.0,
          help="skip a row predicted slower than this")
-    flag("--fit-from", type=positive(int), default=None,
+    flag("--fit-from", type=at_least(1), default=None,
          help=f"fit over L ≥ this ({speed.FULL['fit_from']})")
     flag("--out", default="runs/bench.json",
          help="JSON results; the markdown tables go next to it (.md)")
@@ -132,16 +125,9 @@ def parse_args(argv=None):
 def check_args(args):
     """The device and the output paths, before anything is measured: one line, exit 2."""
     try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        fail(f"--device {args.device}: not a device; use cpu, cuda, cuda:1, ...")
-    if device.type not in ("cpu", "cuda"):
-        fail(f"--device {args.device}: bench.py measures cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        fail(f"--device {args.device}: no CUDA device is visible to PyTorch; use --device cpu")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        fail(f"--device {args.device}: only {torch.cuda.device_count()} "
-             f"CUDA device(s) are visible")
+        check_device(args.device)
+    except ValueError as e:
+        fail(f"--device {args.device}: {e}")
     outs = ([("--out-dir", args.out_dir, True)] if args.gpu_check
             else [("--out", args.out, False)])
     for name, path, is_folder in outs:

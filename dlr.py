@@ -12,41 +12,23 @@ The block around the kernel (FFT convolution, D skip, GELU, GLU, norms, padding)
 """
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn as nn
 
-from ssm import SSMBackbone, check_config, require, vandermonde
+from ssm import SSMBackbone, SSMConfig, vandermonde
 
 SSM_PARAMS = {"lambda_p", "lambda_theta", "W"}   # own lr (cfg.ssm_lr), no weight decay
 
 
 @dataclass
-class DLRConfig:
-    d_model: int = 64                # H, channels
-    n_layers: int = 4
+class DLRConfig(SSMConfig):
+    """ssm.SSMConfig's fields with DLR's defaults (Gupta et al. 2022)."""
     d_state: int = 1024              # N, complex modes λ_n (no conjugate pairs),
                                      # shared by all channels
-    dropout: float = 0.1             # tied along L: one mask per (batch, channel)
-    bidirectional: bool = True       # + a backward SSM on u_{t+1:} (shifted by one,
-                                     # see ssm.fft_conv); False = causal
     dt_min: float = 1e-4             # init: log|λ_n| = −dt_n/2,
                                      # dt_n log-uniform in [dt_min, dt_max]
-    dt_max: float = 1e-1
-    prenorm: bool = True             # norm → mixer → residual (True)
-                                     # or mixer → residual → norm (False)
-    norm: str = "layer"              # "layer" | "batch"
-                                     # (BatchNorm statistics over real positions only)
-    vocab_size: Optional[int] = None  # V: tokens (B, L) -> nn.Embedding(V, H, padding_idx=0)
-    d_input: int = 1                 # floats (B, L, d_input) -> nn.Linear(d_input, H),
-                                     # when vocab_size is None
     ssm_lr: float = 1e-4             # lr for SSM_PARAMS (train.py)
-
-    def __post_init__(self):
-        """ValueError, one line naming the field, for a config no DLR can be built from."""
-        check_config(self)           # the rules every SSM config shares (ssm.py)
-        require(self.d_state >= 1, f"d_state={self.d_state} must be >= 1")
 
 
 # ------------------------------------------------------------ init

@@ -5,7 +5,7 @@ paper: model sizes and learning rates of Amos, Berant & Gupta (ICLR 2024): Table
        (PathX-256); S4 from scratch and the epochs, batch sizes and model sizes the tables leave out
        come from the authors' released configs and S4's LRA configs (Gu et al., ICLR 2022). Each
        model's function (transformer_paper, s4_paper, dlr_paper: models.MODELS names them) gives the
-       source of every value; `python presets.py` prints them all (results/paper_presets.md).
+       source of every value; `python models.py` prints them all (results/paper_presets.md).
 tiny / small: CPU-sized runs of the real tasks (no toy task), our own choice (cpu_values).
 Explicit command-line flags always win over a preset (apply, one merge); check
 holds the checks that involve several flags; each flag's own range is checked by its argparse type
@@ -242,8 +242,6 @@ def model_config(Config, task, values, causal=False):
     return Config(**{k: v for k, v in kw.items() if k in fields})
 
 
-# ---- one flag's own range: the argparse types (tools/checked.py: finite numbers only) ------------
-
 # ---- one merge of preset and flags; the checks of several flags at once --------------------------
 
 def preset_values(preset, name, entry, task, spt):
@@ -271,7 +269,7 @@ def apply(args, entry):
     if (args.preset == "paper" and entry.paper
             and "borrowed from" in str(entry.paper(args.task, args.spt)[1])):
         notes.append(f"note: --preset paper: the paper has no {args.model} run; its values are "
-                     f"borrowed (python presets.py names each source)")
+                     f"borrowed (python models.py names each source)")
     accum_given = {k for k in ("accum_steps", "pretrain_accum_steps")
                    if getattr(args, k) is not None}
     for key, value in preset_values(args.preset, args.model, entry, args.task, args.spt).items():
@@ -375,36 +373,3 @@ def paper_table(models):
                 rows.append(f"| {model} | {task} | {run} | "
                             + " | ".join(f"{values[k]:g}" for k in keys) + f" | {cited} |")
     return rows
-
-
-def main(argv=None):
-    """python presets.py [--out FILE]: the paper-preset table, checked flags, one line on a bad
-    one."""
-    import argparse
-    import sys
-
-    import models                    # the models read these presets: imported only here (no cycle)
-    from tools import checked
-    p = argparse.ArgumentParser(description="Print every --preset paper value and its source "
-                                            "(markdown).")
-    p.add_argument("--out", default=None, help="write the table here instead of printing it")
-    p.error = lambda m: (print(f"presets.py: error: {flag_message(m)}", file=sys.stderr), sys.exit(2))
-    args = p.parse_args(argv)
-    if args.out and Path(args.out).is_dir():
-        p.error(f"--out {args.out} is a folder: pass a file name, e.g. results/paper_presets.md")
-    text = "\n".join(["# `--preset paper`: every value and its source", "",
-                      "Written by `python presets.py --out results/paper_presets.md` "
-                      "(tests/test_paper_presets.py checks that it is current). Sizes: "
-                      "docs/presets.md.", "",
-                      *paper_table(models.MODELS)])
-    if args.out and not checked.owned(args.out):
-        p.error(f"--out {args.out} exists and presets.py did not write it (it is not in "
-                f"{Path(args.out).parent / checked.MANIFEST}): it is left untouched; pass another name")
-    if args.out:
-        checked.write_owned(args.out, text + "\n", "presets.py")
-    else:
-        print(text)
-
-
-if __name__ == "__main__":
-    main()

@@ -14,12 +14,11 @@ The block around the kernel (FFT convolution, D skip, GELU, GLU, norms, padding)
 """
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn as nn
 
-from ssm import RFFT, SSMBackbone, check_config, matmul, require, vandermonde
+from ssm import RFFT, SSMBackbone, SSMConfig, matmul, require, vandermonde
 # public: s4.SSMLayer, s4.fft_conv, the block of S4 §3.4 and §2.4
 from ssm import SSMLayer, fft_conv  # noqa: F401
 
@@ -28,32 +27,16 @@ SSM_PARAMS = {"log_dt", "Lambda_re", "Lambda_im", "P", "B"}
 
 
 @dataclass
-class S4Config:
-    d_model: int = 64                # H, channels
-    n_layers: int = 4
+class S4Config(SSMConfig):
+    """ssm.SSMConfig's fields with S4's defaults, and the S4 / S4D choice."""
     d_state: int = 64                # N, state size (stored as N/2 complex conjugate pairs)
-    dropout: float = 0.1             # tied along L: one mask per (batch, channel)
-    bidirectional: bool = True       # + a backward SSM on u_{t+1:} (shifted by one,
-                                     # see ssm.fft_conv); False = causal
     mode: str = "nplr"               # "nplr" = S4 (HiPPO-LegS, bilinear)
                                      # | "diag" = S4D (diagonal, ZOH)
     diag_init: str = "lin"           # S4D init of Λ when mode="diag": "lin" (Im Λ_n = πn) | "inv"
-    dt_min: float = 1e-3             # Δ, step size: log-uniform init in [dt_min, dt_max]
-                                     # per channel (PathX: 1e-4)
-    dt_max: float = 1e-1
-    prenorm: bool = True             # norm → mixer → residual (True)
-                                     # or mixer → residual → norm (False)
-    norm: str = "layer"              # "layer" | "batch"
-                                     # (BatchNorm statistics over real positions only)
-    vocab_size: Optional[int] = None  # V: tokens (B, L) -> nn.Embedding(V, H, padding_idx=0)
-    d_input: int = 1                 # floats (B, L, d_input) -> nn.Linear(d_input, H),
-                                     # when vocab_size is None
-    ssm_lr: float = 1e-3             # lr for SSM_PARAMS (train.py)
 
     def __post_init__(self):
         """ValueError, one line naming the field, for a config no S4 can be built from."""
-        check_config(self)           # the rules every SSM config shares (ssm.py)
-        require(self.d_state >= 1, f"d_state={self.d_state} must be >= 1")
+        super().__post_init__()      # the rules every SSM config shares (ssm.py)
         require(self.d_state % 2 == 0,
                 f"d_state={self.d_state} must be even for S4 (N/2 conjugate pairs are stored)")
         require(self.mode in ("nplr", "diag"), f"mode={self.mode!r} must be 'nplr' or 'diag'")

@@ -16,7 +16,9 @@ step(u_t, x) -> (y_t, x).
 """
 import contextlib
 import math
+from dataclasses import dataclass
 from functools import cache
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -27,16 +29,46 @@ import torch.nn.functional as F
 
 def require(ok, message):
     """Raise ValueError(message) unless ok: one line naming the field, its value and the rule
-    (train.py prints it)."""
+    (train.py prints it). Every model's config uses it (transformer.py too)."""
     if not ok:
         raise ValueError(message)
 
 
+@dataclass
+class SSMConfig:
+    """The fields every SSM backbone (s4.S4Config, dlr.DLRConfig, a fork's) shares: SSMLayer and
+    SSMBackbone read them. A model's config adds its own fields (and its own defaults) by
+    subclassing; its __post_init__ calls super().__post_init__() first. Each field is also a flag
+    of train.py (--d-state, ...), read from here (models.config_flags)."""
+    d_model: int = 64                # H, channels
+    n_layers: int = 4
+    d_state: int = 64                # N, state size
+    dropout: float = 0.1             # tied along L: one mask per (batch, channel)
+    bidirectional: bool = True       # + a backward SSM on u_{t+1:} (shifted by one,
+                                     # see fft_conv); False = causal
+    dt_min: float = 1e-3             # Δ (DLR: the init range of |λ|): log-uniform in
+                                     # [dt_min, dt_max] per channel or mode
+    dt_max: float = 1e-1
+    prenorm: bool = True             # norm → mixer → residual (True)
+                                     # or mixer → residual → norm (False)
+    norm: str = "layer"              # "layer" | "batch"
+                                     # (BatchNorm statistics over real positions only)
+    vocab_size: Optional[int] = None  # V: tokens (B, L) -> nn.Embedding(V, H, padding_idx=0)
+    d_input: int = 1                 # floats (B, L, d_input) -> nn.Linear(d_input, H),
+                                     # when vocab_size is None
+    ssm_lr: float = 1e-3             # lr of the model's SSM_PARAMS (train.py)
+
+    def __post_init__(self):
+        """ValueError, one line naming the field, for a config no SSM backbone can be built
+        from."""
+        check_config(self)
+
+
 def check_config(cfg):
-    """The rules of the fields every SSM config has (s4.S4Config, dlr.DLRConfig). Raises
-    ValueError."""
+    """The rules of the fields every SSM config has (SSMConfig). Raises ValueError."""
     require(cfg.d_model >= 1, f"d_model={cfg.d_model} must be >= 1")
     require(cfg.n_layers >= 1, f"n_layers={cfg.n_layers} must be >= 1")
+    require(cfg.d_state >= 1, f"d_state={cfg.d_state} must be >= 1")
     require(0 <= cfg.dropout < 1, f"dropout={cfg.dropout} must be in [0, 1)")
     require(cfg.norm in ("layer", "batch"), f"norm={cfg.norm!r} must be 'layer' or 'batch'")
     require(cfg.bidirectional or cfg.norm != "batch",

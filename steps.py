@@ -66,15 +66,9 @@ def setup_device(args):
     """-> (device, world size): checks --device and that --out can be written (making --out
     itself); settles --precision (printed, in config.json) and --workers."""
     try:
-        device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except RuntimeError:
-        fail(f"--device {args.device}: not a device; use cpu, cuda, cuda:1, ...")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        fail(f"--device {args.device}: no CUDA device is visible to PyTorch; use --device cpu")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        fail(f"--device {args.device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
-    if device.type not in ("cpu", "cuda"):
-        fail(f"--device {args.device}: train.py runs on cpu or cuda")
+        device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except ValueError as e:
+        fail(f"--device {args.device}: {e}")
     world = int(os.environ.get("WORLD_SIZE", 1))
     args.device = str(device)                       # resolved once, printed, in config.json
     args.precision = precision(args, device)[0]     # resolved once, printed, in config.json
@@ -90,6 +84,22 @@ def setup_device(args):
         except OSError as e:
             fail(f"--out {args.out}: cannot write there ({e.strerror}); pass a writable folder")
     return device, world
+
+
+def check_device(text):
+    """A --device value (cpu, cuda, cuda:1, ...) -> torch.device, checked against the devices
+    PyTorch sees (train.py and bench.py). Raises ValueError with what to pass instead."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ValueError("not a device; use cpu, cuda, cuda:1, ...") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError("only cpu and cuda are supported")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("no CUDA device is visible to PyTorch; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return device
 
 
 def join_process_group(device, world):

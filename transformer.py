@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ssm import check_lengths, require   # the config and shape rules every model shares
+
 # no SSM parameters here; the name exists so that train.py treats all three models alike
 SSM_PARAMS = set()
 
@@ -52,22 +54,6 @@ class TransformerConfig:
         require(self.vocab_size is None or self.vocab_size >= 1,
                 f"vocab_size={self.vocab_size} must be None or >= 1")
         require(self.d_input >= 1, f"d_input={self.d_input} must be >= 1")
-
-
-def require(ok, message):
-    """Raise ValueError(message) unless ok: one line naming the field, its value and the rule
-    (train.py prints it)."""
-    if not ok:
-        raise ValueError(message)
-
-
-def check_lengths(lengths, batch_size):
-    """lengths must be None (no padding) or of shape (B,): a host-side shape check, it never waits
-    for the device. Raises ValueError, instead of letting a (B, 1) or (1,) tensor broadcast into a
-    wrong mask."""
-    if lengths is not None and tuple(lengths.shape) != (batch_size,):
-        raise ValueError(
-            f"lengths has shape {tuple(lengths.shape)}, expected (B,) = ({batch_size},)")
 
 
 def rotary_angles(L, hs, device=None, base=10000.0):

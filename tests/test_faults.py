@@ -356,8 +356,8 @@ def tool_main(script):
     ("lra_data.py", ["--workers", "0"], "--workers 0"),
     ("lra_data.py", ["--generate", "5"], "--generate 5"),
     ("lra_data.py", ["--task", "nope"], "--task"),
-    ("presets.py", ["--out", "results"], "--out results is a folder"),
-    ("presets.py", ["--nope"], "unrecognized arguments"),
+    ("models.py", ["--out", "results"], "--out results is a folder"),
+    ("models.py", ["--nope"], "unrecognized arguments"),
     ("results/summarize.py", ["--runs", "no/such/folder"], "no/such/folder"),
     ("results/summarize.py", ["--runs", "docs"], "--runs docs: no run folders in it"),
     ("results/summarize.py", ["--out", "README.md"], "--out README.md is a file"),
@@ -382,7 +382,7 @@ def test_every_command_line_tool_refuses_a_bad_flag_in_one_line_with_status_2(sc
 
 # ---- every numeric flag of every tool: finite, in range, at parse time (issue #28, point 4) -------------------------
 
-TOOLS = ["train.py", "bench.py", "lra_data.py", "presets.py", "results/control.py", "results/kernels.py",
+TOOLS = ["train.py", "bench.py", "lra_data.py", "models.py", "results/control.py", "results/kernels.py",
          "results/summarize.py"]
 
 
@@ -565,7 +565,7 @@ def test_summarize_deletes_and_overwrites_only_its_own_files_in_out(tiny_study, 
     ("bench.py", ["--out", "{tmp}/b.md"], "pass a .json name"),
     ("bench.py", ["--out", "{tmp}/mine.json"], "mine.json exists and bench.py did not write it"),
     ("bench.py", ["--out", "{tmp}/mine"], "mine.md exists and bench.py did not write it"),
-    ("presets.py", ["--out", "{tmp}/mine.json"], "exists and presets.py did not write it"),
+    ("models.py", ["--out", "{tmp}/mine.json"], "exists and models.py did not write it"),
 ])
 def test_a_tool_refuses_to_overwrite_a_file_it_did_not_write_and_formats_never_share_a_path(script, argv, says,
                                                                                           tmp_path, capsys):

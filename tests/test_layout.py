@@ -5,15 +5,15 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FILES = sorted([*REPO.glob("*.py"), *REPO.glob("lra/*.py"), *REPO.glob("tools/*.py")])
+FILES = sorted([*REPO.glob("*.py"), *REPO.glob("lra/*.py"), *REPO.glob("tools/*.py"), *REPO.glob("results/*.py")])
 MODULES = {str(f.relative_to(REPO).with_suffix("")).replace("/", "."): f for f in FILES}
 
 
-def top_level_imports(path):
-    """The repo modules that `path` imports when it is imported (module level: not the lazy imports inside
-    functions, which run only when called)."""
+def imports(path, own_name):
+    """The repo modules that `path` (module own_name) imports anywhere: at module level and the lazy imports inside
+    functions (which run only when called, and close a cycle all the same)."""
     found = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -21,10 +21,16 @@ def top_level_imports(path):
         else:
             continue
         found |= {n for n in names if n in MODULES}
-    return found - {str(path.relative_to(REPO).with_suffix("")).replace("/", ".")}
+    return found - {own_name}
 
 
-GRAPH = {name: top_level_imports(path) for name, path in MODULES.items()}
+GRAPH = {name: imports(path, name) for name, path in MODULES.items()}
+
+
+def test_the_import_graph_sees_lazy_imports_inside_functions(tmp_path):
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("import os\n\n\ndef main():\n    import models\n    if True:\n        from lra import files\n")
+    assert imports(lazy, "lazy") == {"models", "lra.files"}, "a lazy import inside a function was not seen"
 
 
 def test_the_import_graph_has_no_cycle():
@@ -44,10 +50,11 @@ def test_the_import_graph_has_no_cycle():
 
 
 def test_each_concept_file_imports_only_what_its_concept_needs():
-    assert GRAPH["ssm"] == set() and GRAPH["transformer"] == set() and GRAPH["denoise"] == set()
+    assert GRAPH["ssm"] == set() and GRAPH["denoise"] == set()
+    assert GRAPH["transformer"] == {"ssm"}, "the Transformer shares only ssm.py's config and shape rules"
     assert GRAPH["s4"] == {"ssm"} and GRAPH["dlr"] == {"ssm"}, "a kernel needs only the shared SSM block"
     assert GRAPH["heads"] == {"denoise", "lra_data"}, GRAPH["heads"]
-    assert GRAPH["runs"] <= {"tools.checked"}, "run plumbing knows no model, task or objective"
+    assert GRAPH["runs"] <= {"lra.files", "tools.checked"}, "run plumbing knows no model, task or objective"
     assert GRAPH["objectives"] == {"denoise", "heads", "presets"}, GRAPH["objectives"]
     for generator in ("lra.listops", "lra.pathfinder"):                 # generators never import each other
         assert GRAPH[generator] == {"lra.files"}, (generator, GRAPH[generator])
@@ -63,20 +70,22 @@ def test_the_readme_reading_order_never_uses_a_file_before_it_is_read():
     order = list(dict.fromkeys(re.findall(r"`(\w+)\.py`", items)))
     assert {"ssm", "s4", "dlr", "transformer", "denoise", "lra_data", "heads", "runs", "steps", "presets", "models",
             "objectives", "train"} <= set(order), order
-    for i, name in enumerate(order):
-        needed = {dep for dep in GRAPH[name] if not dep.startswith(("lra.", "tools.")) and dep != "lra"}
+    for i, name in enumerate(order):           # a file the list leaves out (a fork's lru.py) is no reading step
+        needed = {dep for dep in GRAPH[name] if dep in order}
         unread = needed - set(order[:i])
         assert not unread, f"README: {name}.py (item {i + 1}) imports {sorted(unread)}, read later or not at all"
 
 
-def test_the_readme_file_table_gives_each_file_its_line_count():
+def test_the_readme_file_table_gives_each_file_its_size_to_within_a_tenth():
+    """The table says "≈ 360" lines: a reader's sense of size, which a fork's one-entry edit does not make wrong."""
     readme = (REPO / "README.md").read_text()
     rows = [line for line in readme.splitlines() if re.match(r"\| `[\w/]+\.py`", line)]
     assert len(rows) > 10, "README: no file table"
     for row in rows:
-        files, count = re.findall(r"`([\w/]+\.py)`", row.split(" | ")[0]), int(row.rstrip(" |").split("|")[-1])
+        files, count = re.findall(r"`([\w/]+\.py)`", row.split(" | ")[0]), int(row.rstrip(" |").split("|")[-1].strip(" ≈"))
         lines = sum(len((REPO / f).read_text().splitlines()) for f in files)
-        assert lines == count, f"README's file table: {', '.join(files)} has {lines} lines, the table says {count}"
+        assert abs(lines - count) <= max(20, lines // 10), (
+            f"README's file table: {', '.join(files)} has {lines} lines, the table says about {count}")
 
 
 def test_no_file_of_the_code_is_over_500_lines():

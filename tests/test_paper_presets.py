@@ -1,4 +1,4 @@
-"""Facts about `--preset paper` (the paper's Tables 2, 4, 5 and the authors' configs; presets.py): every paper-scale
+"""Facts about `--preset paper` (the paper's Tables 2, 4, 5 and the authors' configs; presets.py; `python models.py` prints them): every paper-scale
 classifier train.py builds has the parameter count printed in the README ("Paper-preset model sizes"), and runs one
 forward and backward pass with a finite loss and finite gradients. The pass is at a reduced length (L = 128, B = 2) on
 CPU, so the GPU-sized models are checked in seconds."""
@@ -131,7 +131,7 @@ def test_committed_table_of_paper_presets_and_their_sources_is_current():
     import presets
     table = (README.parents[1] / "results" / "paper_presets.md").read_text(encoding="utf-8").splitlines()
     rows = presets.paper_table(train.MODELS)
-    assert all(row in table for row in rows), "results/paper_presets.md is stale: python presets.py --out results/paper_presets.md"
+    assert all(row in table for row in rows), "results/paper_presets.md is stale: python models.py --out results/paper_presets.md"
     for row in rows[2:]:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert all(cells) and "None" not in cells and ":" in cells[-1], f"a value or its source is missing: {row}"
