@@ -94,7 +94,7 @@ GRADIENT_PROBE = textwrap.dedent("""
 def test_ddp_gradient_equals_the_one_process_gradient_of_the_global_batch(data_dir, tmp_path):
     # AdamW hides a wrong gradient scale (it normalises by the gradient's size), so compare the gradients themselves:
     # the global-batch mean over 2 processes (each its rows, DDP averaging) must be the 1-process gradient
-    flags = ["--data-dir", str(data_dir), *TINY, "--model", "dlr", "--task", "listops", "--spt", "--batch-size", "8",
+    flags = ["--data-dir", str(data_dir), *TINY, "--model", "dlr", "--task", "listops", "--spt", "--batch-size", "10",
              "--max-train", "10", "--max-eval", "8", "--pretrain-epochs", "1", "--epochs", "1", "--device", "cpu"]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     (tmp_path / "probe.py").write_text(GRADIENT_PROBE)
