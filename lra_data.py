@@ -32,6 +32,7 @@ from lra.cache import cache_root
 from lra.files import EOS, MASK, N_SPECIAL, PAD, DataError, plural  # noqa: F401  (MASK: heads.py's)
 from lra.listops import LISTOPS_SYMBOLS
 from lra.pathfinder import DIFFICULTIES, measure_speed
+from tools.checked import open_lock
 
 
 @dataclass(frozen=True)
@@ -269,7 +270,12 @@ def file_lock(path):
     if fcntl is None:
         yield
         return
-    with open(path, "a") as f:
+    try:        # another user's lock (mode 644) is opened read-only: flock needs no write access
+        f = open_lock(path)
+    except OSError as e:
+        raise DataError(f"cannot open the lock file {path} ({e.strerror or e}; another user's?): "
+                        f"make it writable, or delete it") from None
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
@@ -291,6 +297,19 @@ def load_splits(args):
                   for split in ("train", "val", "test")}
     check_classes(splits["train"], args.task)
     return splits
+
+
+def fingerprint(splits):
+    """A digest of what the train/val/test splits hold, not where: each split's size and labels
+    and up to 16 of its examples spread over it. A resume that reads the data from another folder
+    compares it with the run's (runs.run_folder)."""
+    digest = hashlib.sha1()
+    for name in ("train", "val", "test"):
+        ds = splits[name]
+        digest.update(f"{name} {len(ds)} ".encode() + np.asarray(ds.labels, np.int64).tobytes())
+        for i in np.linspace(0, len(ds) - 1, min(16, len(ds))).astype(int):
+            digest.update(ds[int(i)][0].numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def check_classes(train, task):

@@ -12,9 +12,9 @@ Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, da
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,7 +161,7 @@ def hold_lock(folder):
     if fcntl is None or rank() > 0:
         return None
     try:
-        f = open(Path(folder) / ".lock", "a")
+        f = checked.open_lock(Path(folder) / ".lock")   # another user's: read-only, flock needs no more
     except OSError as e:                            # read-only, another user's, a full disk
         cannot_write(Path(folder) / ".lock", e)
     try:
@@ -216,6 +216,7 @@ class Data:
     source: str                     # where the examples came from (read or generated)
     notes: list                     # what reading them skipped, cut or found, one line each
     seconds: float
+    fingerprint: str = ""           # the examples themselves, not their path (a resume's data check)
 
 
 @dataclasses.dataclass
@@ -259,6 +260,7 @@ def run_meta(meta, args, argv, data, device):
     """config.json: the model's description, all settings, and what else the numbers depend on."""
     return dict(meta, preset=args.preset, device=str(device), torch=torch.__version__,
                 git=git_commit(), data_source=data.source, data_notes=data.notes,
+                data_fingerprint=data.fingerprint,
                 machine=machine(device), command=sys.argv if argv is None else ["train.py", *argv])
 
 
@@ -267,47 +269,6 @@ def absolute_paths(args):
     for key in ("data_dir", "cache_dir", "out", "init_from"):
         if getattr(args, key):
             setattr(args, key, str(Path(getattr(args, key)).resolve()))
-
-
-def evaluation_log(phase, epoch, step, lr, metrics):
-    """One evaluation's (line for log.txt, record for log.jsonl). metrics: {"train": metrics
-    since the last evaluation, "val": validation metrics, "improved": bool, "seconds": phase time
-    so far}."""
-    train, val = metrics["train"], metrics["val"]
-    m = "r2" if "r2" in val else "acc"
-    line = (f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | "
-            f"train_loss {train['loss']:.4f} {m} {train[m]:.4f} | val_loss {val['loss']:.4f} "
-            f"val_{m} {val[m]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | "
-            f"{metrics['seconds']:.0f} s")
-    return line, {"phase": phase.name, "epoch": epoch, "step": step,
-                  **{f"train_{k}": v for k, v in train.items()},
-                  **{f"val_{k}": v for k, v in val.items()}, "lr": lr,
-                  "elapsed_s": metrics["seconds"]}
-
-
-def write_predictions(folder, split, predicted):
-    """test_predictions.json: the test labels and the best checkpoint's predictions, one digit per
-    example in split order (a digest of its index into the cached part says which examples), so two
-    runs on one split compare example by example (results/stats.py: McNemar). DDP: every process's
-    rows, gathered (one writes). ~2 bytes per example (Text, 25,000 reviews: 50 KB)."""
-    rows = torch.cat(predicted).cpu() if predicted else torch.zeros(0, dtype=torch.long)
-    if dist.is_initialized():                       # each process scored its rows of every batch
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, [p.cpu() for p in predicted])
-        # batch by batch, rank by rank: in order
-        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])
-    labels = [int(y) for y in split.labels]
-    if rank() > 0:
-        return
-    if len(rows) != len(labels) or max(labels + rows.tolist(), default=0) > 9:
-        print(f"note: no test_predictions.json: {len(rows)} predictions of {len(labels)} examples, "
-              f"or over 10 classes (one digit an example)", flush=True)
-        return
-    index = hashlib.sha1(",".join(map(str, map(int, split.index))).encode()).hexdigest()
-    text = json.dumps({"split": "test", "n": len(labels), "index_sha1": index,
-                       "labels": "".join(map(str, labels)),
-                       "predictions": "".join(map(str, rows.tolist()))})
-    write_whole(folder / "test_predictions.json", lambda tmp: tmp.write_text(text + "\n"))
 
 
 def write_results(folder, results):
@@ -379,8 +340,8 @@ def read_config(folder):
              f"the run cannot be checked against its settings: start a new run")
 
 
-# settings a resumed run may take from the new command line
-RESUME_MAY_CHANGE = {"resume", "device", "workers"}
+# settings a resumed run may take from the new command line (the data paths: if the data is the same)
+RESUME_MAY_CHANGE = {"resume", "device", "workers", "data_dir", "cache_dir"}
 PATH_FLAGS = {"data_dir", "cache_dir", "out", "init_from"}
 
 
@@ -420,7 +381,7 @@ def resume_checks(args, given, defaults, folder, finished):
     if changed:                                     # finished or not: e.g. --epochs 20
         fail(f"--resume {folder}{' has finished (results.json is there);' if finished() else ':'} "
              f"a run continues with its own settings; {flags} cannot change (only --device, "
-             f"--workers); start a new run{seed_it}")
+             f"--workers, and --data-dir / --cache-dir for the same data); start a new run{seed_it}")
     if finished():
         print(f"train.py: {folder} has finished (results.json is there); nothing to resume, "
               f"nothing changed")
@@ -452,10 +413,39 @@ def resume_checks(args, given, defaults, folder, finished):
         fail(f"--resume {folder}: it ran on {ck.get('device_type', 'cpu')}; resume it there "
              f"(its mask generator and RNG states belong to that device type; "
              f"--device may pick another device of that type)")
+    check_resumable(folder, config, ck, seed_it)
     ck["commit"] = config.get("git", "unknown")
     saved = {**defaults, **ck["args"]}  # flags newer than the checkpoint: their defaults
     saved["pretrain_batch_size"] = saved.get("pretrain_batch_size") or saved["batch_size"]
-    return argparse.Namespace(**{**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE}}), ck
+    paths = {k for k in ("data_dir", "cache_dir") if k in given}    # moved data: checked in run_folder
+    if "data_dir" not in paths and not Path(saved["data_dir"]).is_dir():
+        fail(f"--resume {folder}: its data folder {saved['data_dir']} is gone; if it moved, add "
+             f"--data-dir <where it is now> (checked to hold the same data)")
+    keep = {k: getattr(args, k) for k in RESUME_MAY_CHANGE - {"data_dir", "cache_dir"} | paths}
+    return argparse.Namespace(**{**saved, **keep}), ck
+
+
+def check_resumable(folder, config, ck, seed_it):
+    """Before any training: last.pt is of the run config.json describes (model, task, sizes), and
+    the checkpoint the rest of the run reads, spt.pt (SPT's best: fine-tuning starts from it) or
+    best.pt (fine-tuning's best: the test reads it), is this run's. Else one line, status 2."""
+    plain = lambda c: json.loads(json.dumps(c))  # noqa: E731  (as config.json holds it)
+    if [ck["model_name"], ck["task"], plain(ck["config"])] != [config.get(k) for k in
+                                                               ("model_name", "task", "config")]:
+        fail(f"--resume {folder}: its last.pt ({ck['model_name']} on {ck['task']}) is not of the "
+             f"run config.json describes ({config.get('model_name')} on {config.get('task')}, "
+             f"its sizes): the folder mixes two runs; start a new run")
+    name = "spt.pt" if ck["phase"] == "spt" else "best.pt"
+    try:
+        best = read_checkpoint(folder / name) if ck["best"]["epoch"] else None
+    except ValueError:
+        best = "missing" if not (folder / name).exists() else "damaged"
+    if best is not None and (isinstance(best, str) or [best.get("phase"), best.get("epoch"),
+                             plain(best["config"])] != [ck["phase"], ck["best"]["epoch"], plain(ck["config"])]):
+        what = best if isinstance(best, str) else f"of {best.get('phase')} epoch {best.get('epoch')}"
+        fail(f"--resume {folder}: {name} ({ck['phase']} epoch {ck['best']['epoch']}'s best, which "
+             f"{'fine-tuning starts from' if name == 'spt.pt' else 'the test reads'}) is {what}: "
+             f"the run could not finish; start a new run{seed_it}")
 
 
 @contextlib.contextmanager
@@ -467,6 +457,15 @@ def run_folder(args, meta, lines, lock=None):
     world = dist.get_world_size() if dist.is_initialized() else 1
     if args.resume:
         folder = Path(args.resume)
+        saved = read_config(folder)
+        was, moved = saved.get("data_fingerprint"), saved["args"]["data_dir"] != args.data_dir
+        if was != meta["data_fingerprint"] and (was or moved):     # moved, or changed in place
+            why = "its sizes, labels or examples differ" if was else "config.json has no record"
+            release_lock(lock)
+            fail(f"--resume {folder}: the data at {args.data_dir} cannot be shown to be the data "
+                 f"this run trained on ({why}); pass the --data-dir that holds that data")
+        lines = [f"data: the run's own data (sizes, labels, examples compared), now at "
+                 f"{args.data_dir}"] * moved + lines
     else:
         kind = "spt" if args.spt else ("init" if args.init_from else "tfs")
         folder = Path(args.out) / (f"{args.task}-{args.model}-{kind}-s{args.seed}-"
@@ -486,7 +485,12 @@ def run_folder(args, meta, lines, lock=None):
             fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); "
                  f"pass a writable folder")
         lock = hold_lock(folder)
-        write_whole(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
+        try:
+            write_whole(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
+        except SystemExit:                          # a full disk: no stub of a run folder is left
+            release_lock(lock)
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
     try:
         for line in lines:
             log(folder, line)

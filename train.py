@@ -172,7 +172,7 @@ def run_phase(phase, model, run, splits, resume=None):
             seconds = before + time.time() - start
             metrics = dict(train=heads.metrics(steps.all_sum(since_eval)), val=val,
                            improved=improved, seconds=seconds)
-            entry = runs.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"],
+            entry = steps.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"],
                                         metrics)                    # (line, record)
             saved = {**run.meta, **state.saved(), "phase": phase.name, "epoch": epoch,
                      "best": best, "seconds": seconds, "log": entry}
@@ -275,7 +275,7 @@ def test(classifier, run, splits, prepare):
         batches, predicted = steps.loader(splits["test"], args.batch_size, args, run.device), []
         amp = steps.precision(args, run.device)[1]
         result = evaluate(classifier, prepare, batches, args.seed + 3, amp, predicted)
-        runs.write_predictions(run.folder, splits["test"], predicted)
+        steps.write_predictions(run.folder, splits["test"], predicted)
     return result
 
 
@@ -339,7 +339,8 @@ def prepare_data(args):
         except lra_data.DataError as e:
             fail(str(e))
     notes = list(dict.fromkeys(n for s in splits.values() for n in s.notes))   # each note once
-    return runs.Data(splits, splits["train"].source, notes, time.time() - start)
+    return runs.Data(splits, splits["train"].source, notes, time.time() - start,
+                     lra_data.fingerprint(splits))
 
 
 def build(args, cfg, device, resume):

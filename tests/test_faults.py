@@ -700,3 +700,107 @@ def test_summarize_skips_a_damaged_run_folder_with_a_note_and_goes_on(damage, ti
         assert bad.name in summary, "a log.txt cut inside a character must still be read"
     else:
         assert f"note: {bad / damage.split()[0]}" in out and bad.name not in summary.split("## Runs")[1], out
+
+
+# ---- a resume is checked up front against the run's own files (point 3) -------------------------------------------
+
+def test_resume_of_a_folder_whose_last_pt_is_another_models_stops_before_training(stopped_run, tmp_path, capsys):
+    folder, _ = stopped_run
+    ck = torch.load(folder / "last.pt", weights_only=True)
+    ck["model_name"], ck["config"] = "s4", {**ck["config"], "d_model": 32}
+    torch.save(ck, folder / "last.pt")
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(folder)])
+    one_line(capsys, 2, "the folder mixes two runs", e)
+
+
+@pytest.mark.parametrize("damage", ["deleted", "cut", "another epoch's"])
+def test_resume_with_the_best_checkpoint_missing_or_not_the_runs_stops_before_any_training(damage, stopped_run,
+                                                                                           monkeypatch, capsys):
+    import steps
+    folder, _ = stopped_run
+    if damage == "deleted":
+        (folder / "best.pt").unlink()
+    elif damage == "cut":
+        (folder / "best.pt").write_bytes((folder / "best.pt").read_bytes()[:100])
+    else:
+        ck = torch.load(folder / "best.pt", weights_only=True)
+        ck["epoch"] = 7
+        torch.save(ck, folder / "best.pt")
+    monkeypatch.setattr(steps, "guard_step", lambda *a: pytest.fail("trained before the check"))
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(folder)])
+    line = one_line(capsys, 2, "best.pt (finetune epoch 1's best, which the test reads) is", e)
+    assert {"deleted": "missing", "cut": "damaged", "another epoch's": "of finetune epoch 7"}[damage] in line, line
+
+
+def test_a_resume_reads_moved_data_from_the_data_dir_given_once_it_is_checked_the_same(stopped_run, data_dir,
+                                                                                       tmp_path, capsys):
+    import shutil
+    folder, full = stopped_run
+    moved = tmp_path / "moved"
+    shutil.copytree(data_dir, moved, ignore=shutil.ignore_patterns("cache"))
+    gone = tmp_path / "gone"
+    config = json.loads((folder / "config.json").read_text())
+    for path in (folder / "config.json",):                           # the run's data folder is not there any more
+        path.write_text(json.dumps({**config, "args": {**config["args"], "data_dir": str(gone)}}))
+    ck = torch.load(folder / "last.pt", weights_only=True)
+    ck["args"]["data_dir"] = str(gone)
+    torch.save(ck, folder / "last.pt")
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(folder)])
+    one_line(capsys, 2, f"its data folder {gone} is gone; if it moved, add --data-dir", e)
+    other = tmp_path / "other"
+    generate_listops(other, 60, 9, 9, seed=1, min_length=30, max_length=200)   # other trees
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(folder), "--data-dir", str(other)])
+    one_line(capsys, 2, "cannot be shown to be the data this run trained on", e)
+    results = train.main(["--resume", str(folder), "--data-dir", str(moved)])
+    assert "data: the run's own data (sizes, labels, examples compared), now at" in capsys.readouterr().out
+    assert abs(results["test_acc"] - full["test_acc"]) < 1e-6, "the moved data gave another run"
+
+
+def test_a_full_disk_at_the_run_folders_first_file_leaves_no_stub(data_dir, tmp_path, monkeypatch, capsys):
+    real = runs.write_whole
+    def full(path, write):
+        if path.name == "config.json":
+            return real(path, lambda tmp: (tmp.write_text("{"), (_ for _ in ()).throw(NO_SPACE)))
+        return real(path, write)
+    monkeypatch.setattr(runs, "write_whole", full)
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path / "runs", "--model", "dlr", "--task", "listops", "--epochs", "1")
+    one_line(capsys, 2, "cannot write", e)
+    assert list((tmp_path / "runs").iterdir()) == [], "a run folder stub was left on the full disk"
+
+
+# ---- another user's lock, read-only places (point 6) ----------------------------------------------------------------
+
+def test_another_users_lock_file_is_opened_read_only_and_one_that_cannot_be_opened_is_one_line(data_dir, tmp_path,
+                                                                                              monkeypatch, capsys):
+    real, refused = open, {"a"}
+    def foreign(file, mode="r", *a, **k):                            # root passes chmod: refuse as the OS would
+        if str(file).endswith(".lock") and mode in refused and os.path.exists(file):   # an existing one
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real(file, mode, *a, **k)
+    monkeypatch.setattr("builtins.open", foreign)
+    results, _ = run(data_dir, tmp_path / "a", "--model", "dlr", "--task", "listops", "--epochs", "1")
+    assert results["test_acc"] >= 0, "a lock file of another user's (mode 644) stopped the run"
+    refused.add("r")
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path / "b", "--model", "dlr", "--task", "listops", "--epochs", "1")
+    line = one_line(capsys, 2, "cannot open the lock file", e)
+    assert "make it writable" in line and "free some space" not in line, line
+
+
+def test_a_read_only_working_folder_with_the_default_data_dir_says_make_it_writable(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    real = os.mkdir
+    def read_only(path, *a, **k):
+        if str(Path(path).resolve()).startswith(str(tmp_path)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, *a, **k)
+    monkeypatch.setattr(os, "mkdir", read_only)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", "dlr", "--task", "listops", "--generate", "100", *TINY, "--out", str(tmp_path / "r")])
+    line = one_line(capsys, 2, "cannot write the generated data", e)
+    assert "make it writable" in line and "free some space" not in line, line
