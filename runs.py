@@ -312,7 +312,8 @@ def catch_up_log(folder, ck):
         return
     for name, text in (("log.txt", ck["log"][0]), ("log.jsonl", json.dumps(ck["log"][1]))):
         path = folder / name
-        if not path.is_file() or text not in path.read_text().splitlines():
+        # a line cut inside a character reads as U+FFFD, never a UnicodeDecodeError
+        if not path.is_file() or text not in checked.read_text(path, "").splitlines():
             append_line(path, text)
 
 
@@ -332,12 +333,11 @@ def read_checkpoint(path, device="cpu"):
 
 def read_config(folder):
     """A run folder's config.json (resume_settings has checked it is there); one line if damaged."""
-    path = Path(folder) / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        fail(f"--resume {folder}: {path} is damaged ({type(e).__name__}: {str(e)[:80]}); "
-             f"the run cannot be checked against its settings: start a new run")
+    try:        # missing, unreadable, cut or no settings: Damaged
+        return checked.read_json(Path(folder) / "config.json", "the run cannot be checked against "
+                                 "its settings: start a new run", needs=["args"])
+    except checked.Damaged as e:
+        fail(f"--resume {folder}: {e}")
 
 
 # settings a resumed run may take from the new command line (the data paths: if the data is the same)

@@ -89,7 +89,7 @@ def read_mark(folder):
     path = Path(folder) / GENERATED_MARK
     if not path.is_file():
         return None
-    first = (path.read_text(errors="replace").splitlines() or [""])[0]
+    first = (read_source(path).decode(errors="replace").splitlines() or [""])[0]   # unreadable: DataError
     return {k: int(v) if re.fullmatch(r"-?\d+", v) else v for k, v in re.findall(r"(\w+)=([^,)\s]+)", first)}
 
 

@@ -804,3 +804,13 @@ def test_a_read_only_working_folder_with_the_default_data_dir_says_make_it_writa
         train.main(["--model", "dlr", "--task", "listops", "--generate", "100", *TINY, "--out", str(tmp_path / "r")])
     line = one_line(capsys, 2, "cannot write the generated data", e)
     assert "make it writable" in line and "free some space" not in line, line
+
+
+def test_a_resume_after_a_log_txt_cut_inside_a_character_continues_and_ends_the_line(stopped_run):
+    folder, full = stopped_run
+    with open(folder / "log.txt", "ab") as f:
+        f.write("eval finetune epoch 2 … é".encode()[:-1])               # a kill inside a 2-byte character
+    results = train.main(["--resume", str(folder)])
+    assert abs(results["test_acc"] - full["test_acc"]) < 1e-6
+    text = (folder / "log.txt").read_bytes().decode("utf-8", errors="replace")
+    assert "\ufffd\n" in text and text.rstrip().splitlines()[-1].startswith("done in"), text[-300:]
