@@ -6,8 +6,8 @@ resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stop
              exactly; a lock keeps one writer per folder; a finished, damaged or incompatible run
              is refused in one line
 stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line: where, the --resume command
-(a step on the hardware, DDP, --device and --precision, the loaders: steps.py)
-Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints), test_faults.py.
+(a step on the hardware, DDP, --device and --precision, the loaders: steps.py) Check: tests/test_robustness.py,
+test_faults.py (DDP equals one process, exact resume, locks, damaged checkpoints, full disks, moved data)
 """
 import argparse
 import contextlib
@@ -46,11 +46,17 @@ def fail(message):
     raise SystemExit(2)
 
 
+class WriteFailed(SystemExit):  # cannot_write's exit: a new run folder with no checkpoint goes too
+    pass
+
+
 def cannot_write(path, error):
     """The one line for a write that failed: the path, why, the space left there, what to do."""
-    fail(f"cannot write {path} ({error.strerror or error}; {checked.free_space(path)}): "
-         f"{checked.write_advice(error)} or pass another --out / --cache-dir; "
-         f"the files written before are intact")
+    with contextlib.suppress(SystemExit):
+        fail(f"cannot write {path} ({error.strerror or error}; {checked.free_space(path)}): "
+             f"{checked.write_advice(error)} or pass another --out / --cache-dir; the files "
+             f"written before are intact")
+    raise WriteFailed(2)
 
 
 def write_whole(path, write):
@@ -63,10 +69,10 @@ def write_whole(path, write):
         os.replace(tmp, path)
     except BaseException as e:                      # also Ctrl-C halfway through torch.save
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) or isinstance(getattr(e, "__cause__", None), OSError):
-            cannot_write(path, e if isinstance(e, OSError) else e.__cause__)
-        # torch's zip writer wraps the OSError
-        if isinstance(e, RuntimeError) and "write" in str(e).lower():
+        causes = [e, e.__cause__, e.__context__]    # torch's zip writer raises its own error on ours
+        if cause := next((c for c in causes if isinstance(c, OSError)), None):
+            cannot_write(path, cause)
+        if isinstance(e, RuntimeError) and "inline_container" in str(e):
             cannot_write(path, OSError(28, str(e).splitlines()[0]))
         raise
 
@@ -271,17 +277,6 @@ def absolute_paths(args):
             setattr(args, key, str(Path(getattr(args, key)).resolve()))
 
 
-def write_results(folder, results):
-    """results.json (rank 0) and the last log line."""
-    if rank() == 0:
-        write_whole(folder / "results.json",
-                    lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
-    seconds = results["wall_time_s"]
-    phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
-    log(folder, f"done in {seconds['total'] / 60:.1f} min ({phases}): {folder}",
-        {"phase": "done", "wall_time_s": seconds})
-
-
 # ---- checkpoints and resume ----------------------------------------------------------------------
 
 def save_checkpoint(path, state):
@@ -429,20 +424,19 @@ def check_resumable(folder, config, ck, seed_it):
     """Before any training: last.pt is of the run config.json describes (model, task, sizes), and
     the checkpoint the rest of the run reads, spt.pt (SPT's best: fine-tuning starts from it) or
     best.pt (fine-tuning's best: the test reads it), is this run's. Else one line, status 2."""
-    plain = lambda c: json.loads(json.dumps(c))  # noqa: E731  (as config.json holds it)
-    if [ck["model_name"], ck["task"], plain(ck["config"])] != [config.get(k) for k in
-                                                               ("model_name", "task", "config")]:
+    plain = lambda c: [c.get("phase"), c.get("epoch"), json.loads(json.dumps(c["config"]))]  # noqa
+    if [ck["model_name"], ck["task"], plain(ck)[2]] != [config.get(k) for k in ("model_name",
+                                                                                "task", "config")]:
         fail(f"--resume {folder}: its last.pt ({ck['model_name']} on {ck['task']}) is not of the "
              f"run config.json describes ({config.get('model_name')} on {config.get('task')}, "
              f"its sizes): the folder mixes two runs; start a new run")
-    name = "spt.pt" if ck["phase"] == "spt" else "best.pt"
-    try:
-        best = read_checkpoint(folder / name) if ck["best"]["epoch"] else None
-    except ValueError:
-        best = "missing" if not (folder / name).exists() else "damaged"
-    if best is not None and (isinstance(best, str) or [best.get("phase"), best.get("epoch"),
-                             plain(best["config"])] != [ck["phase"], ck["best"]["epoch"], plain(ck["config"])]):
-        what = best if isinstance(best, str) else f"of {best.get('phase')} epoch {best.get('epoch')}"
+    name, best = "spt.pt" if ck["phase"] == "spt" else "best.pt", None
+    with contextlib.suppress(ValueError):
+        best = read_checkpoint(folder / name)
+    if ck["best"]["epoch"] and (not best or plain(best) != [ck["phase"], ck["best"]["epoch"],
+                                                            plain(ck)[2]]):
+        what = f"of {best.get('phase')} epoch {best.get('epoch')}" if best else \
+            "damaged" if (folder / name).exists() else "missing"
         fail(f"--resume {folder}: {name} ({ck['phase']} epoch {ck['best']['epoch']}'s best, which "
              f"{'fine-tuning starts from' if name == 'spt.pt' else 'the test reads'}) is {what}: "
              f"the run could not finish; start a new run{seed_it}")
@@ -485,15 +479,16 @@ def run_folder(args, meta, lines, lock=None):
             fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); "
                  f"pass a writable folder")
         lock = hold_lock(folder)
-        try:
-            write_whole(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
-        except SystemExit:                          # a full disk: no stub of a run folder is left
-            release_lock(lock)
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
     try:
+        if rank() == 0 and not args.resume:
+            write_whole(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
         for line in lines:
             log(folder, line)
         yield folder
+    except WriteFailed:     # a full disk before the first checkpoint: no stub of a run folder is left
+        if rank() == 0 and not args.resume and not list(folder.glob("*.pt")):
+            release_lock(lock)
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     finally:
         release_lock(lock)                          # a run's own lock goes with the run

@@ -315,6 +315,8 @@ def check_finite_eval(phase, epoch, val, best):
          f"non-finite evaluation); {kept}; start again with a lower {lr}")
 
 
+# ---- what an evaluation logs and a run writes last (runs.write_whole) ----------------------
+
 def evaluation_log(phase, epoch, step, lr, metrics):
     """One evaluation's (line for log.txt, record for log.jsonl). metrics: {"train": metrics
     since the last evaluation, "val": validation metrics, "improved": bool, "seconds": phase time
@@ -354,6 +356,17 @@ def write_predictions(folder, split, predicted):
                        "labels": "".join(map(str, labels)),
                        "predictions": "".join(map(str, rows.tolist()))})
     runs.write_whole(folder / "test_predictions.json", lambda tmp: tmp.write_text(text + "\n"))
+
+
+def write_results(folder, results):
+    """results.json (rank 0) and the last log line."""
+    if runs.rank() == 0:
+        runs.write_whole(folder / "results.json",
+                         lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
+    seconds = results["wall_time_s"]
+    phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
+    runs.log(folder, f"done in {seconds['total'] / 60:.1f} min ({phases}): {folder}",
+             {"phase": "done", "wall_time_s": seconds})
 
 
 # ---- the optimiser's groups and schedule --------------------------------------------------

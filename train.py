@@ -388,7 +388,7 @@ def main(argv=None):
                        processes=world, machine=runs.machine(device), run_dir=str(folder))
         seconds = {"data": data.seconds, **results["wall_time_s"]}
         results["wall_time_s"] = {**seconds, "total": sum(seconds.values())}   # all the phases
-        runs.write_results(folder, results)
+        steps.write_results(folder, results)
     if world > 1:   # free the DDP wrappers (reference cycles) first: else gloo threads can outlive
         gc.collect()    # the group and abort the exit (SIGABRT)
         dist.destroy_process_group()

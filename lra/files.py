@@ -53,7 +53,8 @@ def orphaned():
 def start_worker(parent):
     """A pool worker's initializer: Ctrl-C is the parent's (it stops the pool), and the parent's pid is kept."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    PARENT["pid"] = parent
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)   # the pool's terminate() ends it quietly: no traceback of
+    PARENT["pid"] = parent                          # the parent's SIGTERM-as-Ctrl-C handler (runs.py)
 
 
 # ----------------------------------------------------------------------------- folders our generators write

@@ -814,3 +814,17 @@ def test_a_resume_after_a_log_txt_cut_inside_a_character_continues_and_ends_the_
     assert abs(results["test_acc"] - full["test_acc"]) < 1e-6
     text = (folder / "log.txt").read_bytes().decode("utf-8", errors="replace")
     assert "\ufffd\n" in text and text.rstrip().splitlines()[-1].startswith("done in"), text[-300:]
+
+
+def test_a_full_disk_at_the_first_checkpoint_is_one_line_and_leaves_no_run_folder(data_dir, tmp_path, monkeypatch,
+                                                                                  capsys):
+    save = torch.save
+    def full(obj, f, *a, **k):                                       # torch's writer meets a real ENOSPC
+        with open("/dev/full", "wb") as dev:
+            return save(obj, dev, *a, **k)
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path / "runs", "--model", "dlr", "--task", "listops", "--epochs", "1")
+    line = one_line(capsys, 2, "cannot write", e)
+    assert "best.pt" in line and "free some space" in line, line
+    assert list((tmp_path / "runs").iterdir()) == [], "a run folder without a checkpoint was left"
