@@ -53,7 +53,8 @@ def stamp(src, files):
             size, mtime = st.st_size, st.st_mtime_ns
         except OSError:                          # missing: the build then names it
             size = mtime = -1
-        digest.update(f"{f[len(prefix):] if f.startswith(prefix) else f}\t{size}\t{mtime}\n".encode(errors="surrogateescape"))
+        line = f"{f[len(prefix):] if f.startswith(prefix) else f}\t{size}\t{mtime}\n"
+        digest.update(line.encode(errors="surrogateescape"))   # a path of any bytes, as the OS gave it
     return f"{len(files)} files, sha1 {digest.hexdigest()}"
 
 
@@ -148,6 +149,10 @@ def cached(store, src, stamp, build, need=None):
         print(f"note: the cache {store} is damaged ({damage}): rebuilding it", flush=True)
     elif (store / "meta.json").exists() and not meta:
         print(f"note: the cache {store} has a damaged meta.json: rebuilding it", flush=True)
+    foreign = [f.name for f in store.iterdir() if f.suffix not in (".npy", ".tok", ".json")] if store.is_dir() else []
+    if foreign:                                 # a cache holds only its arrays and meta.json: never replace others
+        raise DataError(f"{store} holds {foreign[0]}, which no cache of this repo holds, so it is never replaced: "
+                        f"move it away or pass another --cache-dir")
     tmp = store.with_name(f"{store.name}.building-{os.getpid()}")
     try:
         tmp.mkdir(parents=True, exist_ok=True)

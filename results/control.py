@@ -113,7 +113,8 @@ def main(argv=None):
     p.add_argument("--seeds", type=checked.seed(), nargs="+", default=[0, 1, 2, 3, 4, 5], help="seeds to run")
     p.add_argument("--models", nargs="+", choices=MODELS, default=MODELS)
     p.add_argument("--arms", nargs="+", choices=["tfs", "tfs-long", "spt"], default=["tfs", "tfs-long", "spt"])
-    p.add_argument("--finetune-epochs", type=checked.at_least(1), default=None, help="F (default: the pilot's, in pilot/README.md)")
+    p.add_argument("--finetune-epochs", type=checked.at_least(1), default=None,
+                   help="F (default: the pilot's, in pilot/README.md)")
     p.add_argument("--pretrain-epochs", type=checked.at_least(1), default=3, help="P: SPT epochs (750 steps)")
     p.add_argument("--jobs", type=checked.at_least(1), default=2, help="training processes at a time, one thread each")
     p.add_argument("--out", default=str(HERE / "control"), help="the study folder (one folder per run inside)")

@@ -52,7 +52,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Write kernels.json (Figure 4 data) into S4/DLR run folders.")
     p.add_argument("runs", help="folder whose subfolders are train.py run folders")
     p.add_argument("--task", choices=lra_data.TASKS, default=None, help="only runs of this task (default: all)")
-    p.add_argument("--length", type=checked.at_least(1), default=None, help="kernel length L (default: the run's longest input)")
+    p.add_argument("--length", type=checked.at_least(1), default=None,
+                   help="kernel length L (default: the run's longest input)")
     p.add_argument("--clean", action="store_true",
                    help="afterwards delete the checkpoints (*.pt) of every finished run")
     p.error = lambda message: (print(f"kernels.py: error: {checked.flag_message(message)}", file=sys.stderr),

@@ -828,3 +828,23 @@ def test_a_full_disk_at_the_first_checkpoint_is_one_line_and_leaves_no_run_folde
     line = one_line(capsys, 2, "cannot write", e)
     assert "best.pt" in line and "free some space" in line, line
     assert list((tmp_path / "runs").iterdir()) == [], "a run folder without a checkpoint was left"
+
+
+def test_a_path_that_is_not_utf_8_is_used_as_the_bytes_the_os_gave(tmp_path):
+    odd = tmp_path / os.fsdecode(b"caf\xe9")                       # Latin-1 bytes: not valid UTF-8
+    generate_listops(odd / "data", 60, 9, 9, min_length=30, max_length=200)
+    results, folder = run(odd / "data", odd / "runs", "--model", "dlr", "--task", "listops", "--epochs", "1")
+    assert folder.parent == odd / "runs" and (folder / "best.pt").is_file() and results["test_acc"] >= 0
+    assert b"caf\xe9/runs" in (folder / "log.txt").read_bytes(), "log.txt must hold the path's own bytes"
+    assert runs.read_checkpoint(folder / "best.pt")["epoch"] == 1
+
+
+def test_a_cache_folder_holding_files_no_cache_holds_is_never_replaced(tmp_path):
+    damaged_listops(tmp_path)
+    files = lra_data.Files(tmp_path, cache_dir=tmp_path / "c")
+    store = lra_data.load("listops", "train", files).store
+    (store / "meta.json").unlink()
+    (store / "my_notes.txt").write_text("the user's")
+    with pytest.raises(DataError, match="holds my_notes.txt, which no cache of this repo holds"):
+        lra_data.load("listops", "train", files)
+    assert (store / "my_notes.txt").read_text() == "the user's"
