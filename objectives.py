@@ -86,7 +86,8 @@ def spt_head(args, cfg):
                 gen_config=dataclasses.asdict(gen_cfg), gdes=args.gdes)
 
 
-SPT_FLAGS = ("objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size", "pretrain_accum_steps")
+SPT_FLAGS = ("objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size", "pretrain_accum_steps",
+             "pretrain_patience")
 
 
 def ignored_flags(args, given):

@@ -233,9 +233,11 @@ def model_config(Config, task, values, causal=False):
     """The backbone config for `task`: the fields of `values` (a preset's, plus explicit flags) that
     the config class Config has, the input kind of the task (tokens: vocab_size; pixels: d_input =
     2, value + mask indicator), and causal (Transformer) / bidirectional (S4, DLR). Raises
-    ValueError (from the config) for impossible values."""
+    ValueError (from the config) for impossible values. max_len (the longest input, for a
+    Transformer's learned position table) is --max-len's where given, else the task's."""
     spec = lra_data.TASKS[task]
-    kw = {**values, "vocab_size": spec.vocab_size if spec.kind == "tokens" else None,
+    kw = {"max_len": spec.max_len,              # the Transformer's learned positions: --max-len's
+          **values, "vocab_size": spec.vocab_size if spec.kind == "tokens" else None,
           "d_input": 1 if spec.kind == "tokens" else 2, "causal": causal,
           "bidirectional": not causal}
     fields = {f.name for f in dataclasses.fields(Config)}
@@ -348,7 +350,7 @@ def check(args, config_kw, entry, objective):
         return model_config(entry.Config, args.task, config_kw, args.causal)
     except ValueError as e:
         raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, "
-                         f"--dropout, --gen-width, --gen-layers or the preset)") from None
+                         f"--dropout, --pos, --gen-width, --gen-layers or the preset)") from None
 
 
 # ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------

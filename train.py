@@ -64,7 +64,10 @@ def parse_flags(argv):
     flag("--preset", choices=["tiny", "small", "paper"], default=None, help="default: paper on "
          "CUDA, else tiny")
     flag("--epochs", type=at_least(1), default=None, help="fine-tuning epochs")
-    flag("--pretrain-epochs", type=at_least(1), default=None, help="SPT epochs")
+    flag("--pretrain-epochs", type=at_least(1), default=None, help="SPT epochs (with "
+         "--pretrain-patience: the most)")
+    flag("--pretrain-patience", type=count, default=0, help="stop SPT after this many evaluations "
+         "without a lower val loss (0: never)")
     flag("--eval-every", type=at_least(1), default=1, help="evaluate every k epochs, and last")
     flag("--max-steps", type=count, default=0, help="at most this many steps a phase (0: all)")
     flag("--batch-size", type=at_least(1), default=None, help="fine-tuning batch (all processes)")
@@ -81,6 +84,8 @@ def parse_flags(argv):
     flag("--n-layers", type=at_least(1), default=None, help="layers")
     flag("--d-state", type=at_least(1), default=None, help="SSM state size N")
     flag("--dropout", type=in_range(0, 1, open_high=True), default=None, help="dropout")
+    flag("--pos", default=None, help="transformer: where positions enter: rotary (default), "
+         "sinusoidal, learned or none (checked by transformer.TransformerConfig)")
     flag("--pool", choices=["mean", "max", "last"], default=None, help="default: the task's")
     flag("--data-dir", default="data", help="downloaded files; synthetic tasks generated here")
     flag("--cache-dir", default=None, help="arrays (default: <data-dir>/cache or data/cache)")
@@ -121,13 +126,16 @@ class Phase(NamedTuple):
     best_file: str              # spt.pt or best.pt: kept for the next phase / the test
     select: str                 # the validation metric that picks it: "loss" or "acc"
     prepare: Callable           # (collated batch, gen, progress) -> denoise.Batch
+    patience: int = 0           # stop after this many evaluations without improvement (0: never)
 
 
 def run_phase(phase, model, run, splits, resume=None):
     """Train phase.epochs epochs; after every --eval-every-th epoch and the last, evaluate on val
     and write the best checkpoint so far (phase.best_file) and last.pt, the state to continue
     from. run: runs.Run; resume: a last.pt of this phase, continued exactly as if never stopped.
-    Returns {"metric", "best", "epoch", "val", "steps", "seconds"}."""
+    With phase.patience K > 0 the phase ends early once K evaluations in a row have not beaten the
+    best (early stopping; the count is read from the best's epoch, so a resumed run keeps it).
+    Returns {"metric", "best", "epoch", "val", "steps", "seconds", "last_epoch", "stopped_early"}."""
     args, start, (rank, world) = run.args, time.time(), steps.rank_and_world()
     state = steps.Training(model, phase, args, run.device, len(splits["train"]))
     if world > 1:
@@ -152,10 +160,13 @@ def run_phase(phase, model, run, splits, resume=None):
                            order=state.gens["order"])
     val_batches = steps.loader(splits["val"], phase.batch_size, args, run.device)
     score = (lambda r: -r["loss"]) if phase.select == "loss" else (lambda r: r["acc"])  # noqa: E731
-    since_eval = {}                                         # training statistics since the last one
+    since_eval, last, stale = {}, done, 0                   # training statistics since the last eval
     for epoch in range(done + 1, phase.epochs + 1):
-        if state.step >= state.total:
+        # evaluations after the best one: every --eval-every-th epoch (the last is never before this)
+        stale = sum(1 for e in range(best["epoch"] + 1, epoch) if e % args.eval_every == 0)
+        if state.step >= state.total or 0 < phase.patience <= stale:
             break
+        last = epoch
         if rank > 0:            # own dropout masks per process; rank 0's RNG is the one saved
             torch.manual_seed(args.seed + 1000 * rank + epoch)
         train = train_epoch(state, batches, f"{phase.name} {epoch}/{phase.epochs}")
@@ -178,10 +189,15 @@ def run_phase(phase, model, run, splits, resume=None):
                      "best": best, "seconds": seconds, "log": entry}
             runs.save_evaluation(run.folder, phase.best_file if improved else None, saved)
         since_eval = {}
+    stopped = 0 < phase.patience <= stale
+    if stopped:
+        log(run.folder, f"{phase.name}: stopped after epoch {last}/{phase.epochs}: "
+            f"{best['name']} not better than epoch {best['epoch']}'s for {stale} evaluations")
     if world > 1:
         dist.barrier()                                      # the others read spt.pt / best.pt next
     return {"metric": best["name"], "best": best["value"], "epoch": best["epoch"],
-            "val": best["val"], "steps": state.step, "seconds": before + time.time() - start}
+            "val": best["val"], "steps": state.step, "seconds": before + time.time() - start,
+            "last_epoch": last, "stopped_early": stopped}
 
 
 def train_epoch(state, batches, desc):
@@ -245,7 +261,7 @@ def pretrain(run, cfg, splits, resume):
     spt = run.with_meta(head=objectives.spt_head(args, cfg))
     prepare = partial(objectives.spt_batch, args=args, device=run.device)
     phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size,
-                  args.pretrain_accum_steps, "spt.pt", "loss", prepare)
+                  args.pretrain_accum_steps, "spt.pt", "loss", prepare, args.pretrain_patience)
     return run_phase(phase, build_model(spt.meta).to(run.device), spt, splits, resume)
 
 
@@ -305,7 +321,8 @@ def run_both_phases(run, cfg, classifier, splits, resume, init_ck):
                        **spt["val"]}
     return {"test_acc": result["acc"], "test_loss": result["loss"], "best_val_acc": ft["best"],
             "best_epoch": ft["epoch"], "spt_val_metric": spt_val, "wall_time_s": seconds,
-            "spt_objective": {k: getattr(args, k) for k in knobs} if args.spt else None}
+            "spt_objective": {k: getattr(args, k) for k in knobs} if args.spt else None,
+            "spt_epochs": spt and spt["last_epoch"], "spt_stopped_early": spt and spt["stopped_early"]}
 
 
 # ---- the steps of main() -----------------------------------------------------------------------

@@ -1,11 +1,18 @@
 """transformer.py: pre-norm Transformer backbone for LRA (Amos, Berant, Gupta, ICLR 2024;
 Table 2 flavour).
-attention: y_m = Σ_n softmax_n(q_m·k_n / √hs) v_n over real keys n;
-rotary:    q_m ← R(mθ)q_m, k_n ← R(nθ)k_n, so q_m·k_n depends on m − n only (RoFormer, Su et al.
-           2021).  For L ≥ local_min_len (PathX): block-local, query block i sees key blocks
-           i−1, i, i+1  -> both facts checked in tests/test_transformer.py
+attention:  y_m = Σ_n softmax_n(q_m·k_n / √hs) v_n over real keys n;
+positions (cfg.pos, where the position m enters):
+  rotary:     q_m ← R(mθ)q_m, k_n ← R(nθ)k_n, so q_m·k_n depends on m − n only (RoFormer, Su et
+              al. 2021, eq. 34); the default, the paper's Table 2
+  sinusoidal: h_m ← h_m + PE[m], PE[m, 2i] = sin(mθ_i), PE[m, 2i+1] = cos(mθ_i) (Vaswani et al.
+              2017, §3.5); LRA's Transformer and the paper's Table 1
+  learned:    h_m ← h_m + P[m], P an nn.Embedding(max_len, D) trained with the rest (BERT, Devlin
+              et al. 2019, §3)
+  none:       no position at all: the model is permutation-equivariant
+For L ≥ local_min_len (PathX): block-local, query block i sees key blocks i−1, i, i+1
+  -> these facts are checked in tests/test_transformer.py
 """
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Optional
 
 import torch
@@ -16,6 +23,8 @@ from ssm import check_lengths, require   # the config and shape rules every mode
 
 # no SSM parameters here; the name exists so that train.py treats all three models alike
 SSM_PARAMS = set()
+# cfg.pos: how the position m enters (the module docstring gives each formula and its source)
+POSITIONS = ("rotary", "sinusoidal", "learned", "none")
 
 
 @dataclass
@@ -29,25 +38,38 @@ class TransformerConfig:
     dropout: float = 0.1               # on embeddings, attention weights and both residual branches
     # True: position t sees only t' ≤ t (for the next-token SPT objective)
     causal: bool = False
-    # rotary on q, k with θ = 10000; False: sinusoidal absolute embeddings
-    rotary: bool = True
+    # rotary (q, k rotated, θ = 10000), sinusoidal or learned (added to the input), none
+    pos: str = "rotary"
+    # L_max: rows of the learned position table (pos="learned"); the longest input, EOS included
+    max_len: int = 4096
     block_size: int = 4096             # W, tokens per block of block-local attention
     # block-local attention when the batch length L ≥ this (PathX, -256)
     local_min_len: int = 16384
     # V: tokens (B, L) -> Embedding(V, D, padding_idx=0); None: float inputs
     vocab_size: Optional[int] = None
     d_input: int = 1                   # floats (B, L, d_input) -> Linear(d_input, D)
+    # the old name of pos (before it had four values), not a field: rotary=False in a checkpoint
+    # or config written then is pos="sinusoidal", rotary=True is pos="rotary"
+    rotary: InitVar[Optional[bool]] = None
 
-    def __post_init__(self):
+    def __post_init__(self, rotary=None):
         """ValueError, one line naming the field, for a config no Transformer can be built from."""
+        if rotary is not None:                  # an old config: its rotary flag decides pos
+            old = "rotary" if rotary else "sinusoidal"
+            require(self.pos in ("rotary", old), f"rotary={rotary} contradicts pos={self.pos!r}")
+            self.pos = old
+        require(self.pos in POSITIONS, f"pos={self.pos!r} must be one of {', '.join(POSITIONS)}")
+        require(self.max_len >= 1, f"max_len={self.max_len} must be >= 1")
         require(self.d_model >= 1, f"d_model={self.d_model} must be >= 1")
         require(self.n_layers >= 1, f"n_layers={self.n_layers} must be >= 1")
         require(self.n_heads >= 1, f"n_heads={self.n_heads} must be >= 1")
         require(self.d_model % self.n_heads == 0,
                 f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
-        require(self.d_model // self.n_heads % 2 == 0,
+        require(self.pos != "rotary" or self.d_model // self.n_heads % 2 == 0,
                 f"head size d_model/n_heads={self.d_model // self.n_heads} "
                 "must be even (rotary rotates pairs of channels)")
+        require(self.pos != "sinusoidal" or self.d_model % 2 == 0,
+                f"d_model={self.d_model} must be even (sinusoidal codes come in sin/cos pairs)")
         require(self.d_ff >= 1, f"d_ff={self.d_ff} must be >= 1")
         require(0 <= self.dropout < 1, f"dropout={self.dropout} must be in [0, 1)")
         require(self.block_size >= 1, f"block_size={self.block_size} must be >= 1")
@@ -230,12 +252,19 @@ class TransformerLayer(nn.Module):
                                  nn.Linear(cfg.d_ff, cfg.d_model))
         self.drop = nn.Dropout(cfg.dropout)
 
-    def attend(self, x, lengths, angles):
+    def project(self, x, angles):
+        """q, k, v of the normalised input x (B, L, D), q and k rotated when angles (L, hs/2) are
+        given -> 3 × (B, nh, L, hs)."""
         cfg, (B, L, D) = self.cfg, x.shape
         # 3 × (B, nh, L, hs)
         q, k, v = self.qkv(x).view(B, L, 3, cfg.n_heads, D // cfg.n_heads).permute(2, 0, 3, 1, 4)
         if angles is not None:
             q, k = rotate(q, angles), rotate(k, angles)         # (B, nh, L, hs) each; v unrotated
+        return q, k, v
+
+    def attend(self, x, lengths, angles):
+        cfg, (B, L, D) = self.cfg, x.shape
+        q, k, v = self.project(x, angles)                       # 3 × (B, nh, L, hs)
         p = cfg.dropout if self.training else 0.0
         if L >= cfg.local_min_len:
             # (B, nh, L, hs)
@@ -244,24 +273,40 @@ class TransformerLayer(nn.Module):
             y = attention(q, k, v, lengths, cfg.causal, p)                      # (B, nh, L, hs)
         return self.out(y.transpose(1, 2).reshape(B, L, D))                     # (B, L, D)
 
+    def attention_probs(self, x, lengths=None, angles=None):
+        """The attention weights a_mn = softmax_n(q_m·k_n / √hs) of full attention (no dropout)
+        under the masks attend() uses: the key-padding mask (key_mask) and, if cfg.causal, n ≤ m.
+        x: (B, L, D) the layer's input before norm1; lengths (B,) long or None. Returns
+        (B, nh, L, L) float, each row summing to 1. For analysis (tools/attention_offsets.py): it
+        materialises the (L, L) scores that SDPA avoids; block-local layers are not covered."""
+        q, k, _ = self.project(self.norm1(x), angles)            # (B, nh, L, hs) each
+        L = q.size(2)
+        scores = q @ k.transpose(-1, -2) / q.size(-1) ** 0.5      # (B, nh, L, L)
+        allowed = torch.ones(L, L, dtype=torch.bool, device=q.device)   # (L, L)
+        if self.cfg.causal:
+            allowed = allowed.tril()
+        if lengths is not None and not self.cfg.causal:  # causal: pads come last, as in attention()
+            allowed = allowed & key_mask(torch.arange(L, device=q.device), lengths, L)[:, None, None]
+        return scores.masked_fill(~allowed, float("-inf")).softmax(-1)     # (B, nh, L, L)
+
     def forward(self, x, lengths=None, angles=None):
         x = x + self.drop(self.attend(self.norm1(x), lengths, angles))
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
 class Transformer(nn.Module):
-    """Backbone: encoder -> (+ sinusoidal PE) -> dropout -> n_layers × TransformerLayer -> final
-    LayerNorm.
+    """Backbone: encoder -> (+ absolute position code) -> dropout -> n_layers × TransformerLayer
+    -> final LayerNorm.
 
     forward(inputs, lengths=None) -> (B, L, D) float features (no head; heads.py holds the heads).
     inputs: (B, L) long tokens when cfg.vocab_size is set, else (B, L, d_input) float. lengths:
     (B,) long; None means no padding: heads.to_device passes None for a batch without pads (it
     knows that on the host; finding it out here would make the host wait for the device), and then
-    no attention call gets a mask. Raises ValueError when lengths is not of shape (B,). Positions
-    ≥ lengths[b] are padding and do not change the features at real positions. Whether attention
-    is block-local depends on the padded batch length L, so that guarantee needs a lone sequence
-    and its padded batch on the same side of local_min_len; in LRA every task that long (PathX,
-    PathX-256) has fixed length.
+    no attention call gets a mask. Raises ValueError when lengths is not of shape (B,), or when
+    pos="learned" and L > cfg.max_len. Positions ≥ lengths[b] are padding and do not change the
+    features at real positions. Whether attention is block-local depends on the padded batch
+    length L, so that guarantee needs a lone sequence and its padded batch on the same side of
+    local_min_len; in LRA every task that long (PathX, PathX-256) has fixed length.
     """
 
     def __init__(self, cfg: TransformerConfig):
@@ -271,21 +316,41 @@ class Transformer(nn.Module):
             self.encoder = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=0)
         else:
             self.encoder = nn.Linear(cfg.d_input, cfg.d_model)
+        if cfg.pos == "learned":   # BERT's table, N(0, 1) like the token embedding above
+            self.pos_embedding = nn.Embedding(cfg.max_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(TransformerLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
 
-    def forward(self, inputs, lengths=None):
+    def positions(self, L, device=None):
+        """Where the positions 0..L−1 enter, by cfg.pos -> (angles, code): angles (L, hs/2) float64
+        for rotary (else None), code (L, D) added to the encoded input for sinusoidal (float64)
+        and learned (the table's rows), else None."""
         cfg = self.cfg
-        check_lengths(lengths, inputs.size(0))
+        if cfg.pos == "rotary":
+            return rotary_angles(L, cfg.d_model // cfg.n_heads, device), None   # (L, hs/2)
+        if cfg.pos == "sinusoidal":
+            return None, sinusoidal_embedding(L, cfg.d_model, device)           # (L, D)
+        if cfg.pos == "learned":
+            require(L <= cfg.max_len, f"input length {L} > max_len={cfg.max_len}, the rows of the "
+                    "learned position table: build the model with a larger max_len")
+            return None, self.pos_embedding.weight[:L]                          # (L, D)
+        return None, None
+
+    def embed(self, inputs):
+        """The encoded input plus its absolute position code, before dropout -> (h (B, L, D) float,
+        angles (L, hs/2) float64 or None)."""
         h = self.encoder(inputs)                                                # (B, L, D)
         # bf16 (autocast Linear) -> float32: one residual dtype
         h = h.to(torch.promote_types(h.dtype, torch.float32))
-        L = h.size(1)
-        # (L, hs/2)
-        angles = rotary_angles(L, cfg.d_model // cfg.n_heads, h.device) if cfg.rotary else None
-        if not cfg.rotary:
-            h = h + sinusoidal_embedding(L, cfg.d_model, h.device).to(h.dtype)  # (B, L, D)
+        angles, code = self.positions(h.size(1), h.device)
+        if code is not None:
+            h = h + code.to(h.dtype)                                            # (B, L, D)
+        return h, angles
+
+    def forward(self, inputs, lengths=None):
+        check_lengths(lengths, inputs.size(0))
+        h, angles = self.embed(inputs)                                          # (B, L, D)
         h = self.drop(h)
         for layer in self.layers:
             h = layer(h, lengths, angles)                                       # (B, L, D)

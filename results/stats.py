@@ -3,6 +3,12 @@ paired difference:  d_s = acc(arm A, seed s) − acc(arm B, seed s); both arms o
                     batch order, so the seed is the unit: mean d̄ and a 95 % interval d̄ ± t_{0.975, n−1} · s_d / √n
 McNemar (exact):    per seed, on the two runs' predictions of the same test examples: b = A right and B wrong,
                     c = B right and A wrong; p = min(1, 2 · P(X ≤ min(b, c))), X ~ Binomial(b + c, 1/2)
+paired t test:      t = d̄ / (s_d / √n), p = 2 · P(T_{n−1} > |t|) (Student's t CDF by the regularised incomplete beta
+                    function, I_x(a, b) with x = df / (df + t²), a = df/2, b = 1/2: Abramowitz & Stegun 26.7.1)
+Holm (1979):        the m p-values in increasing order, p_(k) adjusted to max_{j ≤ k} min(1, (m − j + 1) p_(j))
+power:              of a two-sided paired t test at level α for a true mean difference δ: P(|T'| > t_{1−α/2}) with
+                    T' noncentral t, df = n − 1, noncentrality λ = δ√n / σ_d; the detectable difference at 80 %
+                    power is the δ that solves power = 0.8 (given σ_d, e.g. the observed s_d)
 Check: tests/test_results.py (against values computed by hand and from published tables).
 """
 import math
@@ -53,6 +59,97 @@ def paired(per_seed):
     diffs = [100 * (per_seed[s][0] - per_seed[s][1]) for s in seeds]
     mean, low, high = interval(diffs) if len(diffs) > 1 else (diffs[0], math.nan, math.nan)
     return dict(seeds=seeds, diffs=diffs, mean=mean, low=low, high=high, n=len(diffs))
+
+
+def incomplete_beta(x, a, b):
+    """The regularised incomplete beta function I_x(a, b), 0 ≤ x ≤ 1, by its continued fraction (modified Lentz;
+    Numerical Recipes §6.4), to about 1e-14."""
+    if x <= 0 or x >= 1:
+        return 0.0 if x <= 0 else 1.0
+    if x > (a + 1) / (a + b + 2):                                 # the fraction converges fast on this side only
+        return 1.0 - incomplete_beta(1 - x, b, a)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    f = d
+    for m in range(1, 500):
+        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + numerator * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            f *= c * d
+        if abs(c * d - 1) < 1e-15:
+            break
+    return front * f
+
+
+def t_pvalue(t, df):
+    """Two-sided p-value of Student's t statistic t with df degrees of freedom: 2 · P(T > |t|) = I_{df/(df+t²)}(df/2,
+    1/2)."""
+    return incomplete_beta(df / (df + t * t), df / 2, 0.5)
+
+
+def paired_test(diffs):
+    """The paired t test of differences (n ≥ 2, not all equal) -> (t, p two-sided)."""
+    n, mean, sd = len(diffs), statistics.fmean(diffs), statistics.stdev(diffs)
+    t = mean / (sd / math.sqrt(n))
+    return t, t_pvalue(t, n - 1)
+
+
+def holm(pvalues):
+    """Holm's step-down adjusted p-values (Holm 1979), in the order given: reject where adjusted p < α."""
+    m, order = len(pvalues), sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def t_quantile(q, df):
+    """The q quantile of Student's t (0.5 < q < 1), by bisection on the CDF."""
+    low, high = 0.0, 1e3
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if 1 - t_pvalue(mid, df) / 2 < q else (low, mid)
+    return (low + high) / 2
+
+
+def noncentral_t_sf(c, df, ncp, steps=4000):
+    """P(T' > c) for T' = (Z + ncp) / √(V/df), Z ~ N(0, 1), V ~ χ²_df: the normal tail integrated over the χ² density
+    of V (Simpson's rule on [0, df + 40√(2df) + 40])."""
+    top = df + 40 * math.sqrt(2 * df) + 40
+    h, total = top / steps, 0.0
+    log_norm = -(df / 2) * math.log(2) - math.lgamma(df / 2)
+    for k in range(steps + 1):
+        v = k * h
+        if v == 0:
+            continue                                             # the density is 0 there for df > 2, finite else
+        density = math.exp(log_norm + (df / 2 - 1) * math.log(v) - v / 2)
+        tail = 0.5 * math.erfc((c * math.sqrt(v / df) - ncp) / math.sqrt(2))
+        total += (1 if k == steps else 4 if k % 2 else 2) * density * tail
+    return total * h / 3
+
+
+def power_paired_t(delta, sd, n, alpha=0.05):
+    """Power of the two-sided paired t test at level alpha, n pairs, true mean difference delta, sd of differences."""
+    df, ncp = n - 1, delta * math.sqrt(n) / sd
+    c = t_quantile(1 - alpha / 2, df)
+    return noncentral_t_sf(c, df, ncp) + noncentral_t_sf(c, df, -ncp)    # both tails
+
+
+def detectable_difference(sd, n, power=0.8, alpha=0.05):
+    """The smallest true mean difference that a two-sided paired t test of n pairs (sd of the differences) detects
+    with the given power, by bisection on power_paired_t (0 when sd = 0: every difference is certain)."""
+    if sd == 0:
+        return 0.0
+    low, high = 0.0, 20 * sd
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if power_paired_t(mid, sd, n, alpha) < power else (low, mid)
+    return (low + high) / 2
 
 
 # ---- the texts summary.md prints (results/summarize.py)

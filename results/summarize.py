@@ -28,10 +28,11 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from tools import checked  # noqa: E402  (checked reads; outputs over our own files only)
 import plots  # noqa: E402  (results/plots.py: the figures, matplotlib optional)
 import stats  # noqa: E402  (results/stats.py: t intervals, exact McNemar)
+import why_spt  # noqa: E402  (results/why_spt.py: that study's tables)
 
 SKIP = "this run folder is skipped (rerun or resume the run, or delete the folder)"
 MARGIN = 0.05                                     # "left chance": val accuracy > chance + 5 points
-STUDIES = ("control", "study", "objectives")      # default --runs: results/<name>, each skipped while it is missing
+STUDIES = ("control", "study", "objectives", "why_spt")  # default --runs: results/<name>, skipped while missing
 CAVEATS = {   # how far the earlier studies' tables carry (README, "The result"); the numbers are in the tables
     "study": "Caveat: 3 seeds and 500 test reviews (one test accuracy's standard error is about 2 points), and about "
              "half the Text runs (22 of 42, ties counted) were at their best at their last evaluation: of the "
@@ -94,6 +95,7 @@ def read_run(folder):
                 command="python " + " ".join(config.get("command", [])), kernels=kernels,
                 spt_loss=(spt_records[0]["val_loss"], spt_records[-1]["val_loss"]) if spt_records else None,
                 spt_best=min(r["val_loss"] for r in spt_records) if spt_records else None,
+                spt_epochs_run=results.get("spt_epochs"),
                 speed=next((step for step, acc in curve if acc > chance + MARGIN), None), predictions=predictions,
                 best_epoch=results.get("best_epoch"), last_epoch=max((r["epoch"] for r in records
                                                                      if r.get("phase") == "finetune"), default=0))
@@ -318,8 +320,8 @@ def control_section(runs, out, plt, study):
     lines += ["", "Paired by seed (both runs of a seed share its initialisation and batch order): the difference "
               "per seed in points, its mean [95 % t interval], and an exact McNemar test per seed on the two runs' "
               "predictions of the same test reviews.", "",
-              "| model | comparison | per seed (points) | mean [95 % interval] | McNemar p per seed |",
-              "|---|---|---|---|---|"]
+              "| model | comparison | per seed (points) | mean [95 % interval] | detectable at 80 % power | "
+              "McNemar p per seed |", "|---|---|---|---|---|---|"]
     for model, arms in cells.items():
         for a, b in CONTROL_PAIRS:
             pairs = {s: (arms[a][s]["test"], arms[b][s]["test"]) for s in arms.get(a, {}) if s in arms.get(b, {})}
@@ -327,14 +329,18 @@ def control_section(runs, out, plt, study):
                 continue
             d = stats.paired(pairs)
             shown = stats.interval_text(d) if d["n"] > 1 else f"{d['mean']:+.1f}"
+            sd = statistics.stdev(d["diffs"]) if d["n"] > 1 else 0   # the difference a paired t test finds
+            detect = f"{stats.detectable_difference(sd, d['n']):.1f}" if sd else "–"   # 4 times in 5 at sd
             lines.append(f"| {model} | {a} − {b} | {' / '.join(f'{x:+.1f}' for x in d['diffs'])} | {shown} | "
-                         f"{stats.mcnemar_text(arms[a], arms[b])} |")
+                         f"{detect} | {stats.mcnemar_text(arms[a], arms[b])} |")
+    spt = [r["spt_loss"][1] == r["spt_best"] for arms in cells.values() for r in arms.get("SPT", {}).values()]
     at_last = [(a, r["best_epoch"] == r["last_epoch"]) for arms in cells.values() for a in ARMS
                for r in arms.get(a, {}).values()]
     lines += ["", "Runs whose best validation checkpoint is their last evaluation (still improving when they "
               "stopped): " + ", ".join(f"{a} {sum(x for b, x in at_last if b == a)} of "
                                         f"{sum(1 for b, _ in at_last if b == a)}" for a in ARMS) +
-              f"; in all {sum(x for _, x in at_last)} of {len(at_last)}.", ""]
+              f"; in all {sum(x for _, x in at_last)} of {len(at_last)}. SPT phases whose lowest SPT validation "
+              f"loss is at their last SPT epoch (still improving when cut): {sum(spt)} of {len(spt)}.", ""]
     figures = [(f"{study}_test_acc.png", "test accuracy per arm (dot: one seed; line: seed mean)")]
     if plt:
         plots.plot_control(cells, ARMS, out / figures[0][0], plt)
@@ -458,11 +464,13 @@ def write_summary(args, folders, out):
              "fine-tuning + test).", ""]
     n_figures = 0
     for i, (folder, runs, unfinished) in enumerate(studies):
-        groups = objective_groups(runs) if folder.name != "control" else None
+        groups = objective_groups(runs) if folder.name not in ("control", "why_spt") else None
         if not runs:
             section, figures = [f"## `{folder.name}/`", "", "No finished runs yet.", ""], []
         elif folder.name == "control":
             section, figures = control_section(runs, out, plt, folder.name)
+        elif folder.name == "why_spt":
+            section, figures = why_spt.section(folder, runs, stats), []
         elif groups:
             section, figures = objectives_section(runs, groups, out, plt, folder.name)
         else:

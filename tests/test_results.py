@@ -253,6 +253,23 @@ def test_t_quantiles_intervals_and_exact_mcnemar_equal_hand_computations():
     assert d["diffs"] == pytest.approx([2.0, 4.0, 6.0]) and d["mean"] == pytest.approx(4.0) and d["n"] == 3
 
 
+def test_t_p_values_holm_and_power_equal_tables_and_r():
+    stats = script("stats")
+    for df in (1, 2, 5, 10, 30):                                   # the table's 0.975 quantiles give p = 0.05
+        assert stats.t_pvalue(stats.T975[df - 1], df) == pytest.approx(0.05, abs=2e-5)
+    assert stats.t_pvalue(0.0, 4) == pytest.approx(1.0) and stats.t_quantile(0.975, 5) == pytest.approx(2.5706, 1e-4)
+    assert stats.t_pvalue(1.0, 1) == pytest.approx(0.5, abs=1e-12)     # Cauchy: P(|T| > 1) = 1/2
+    t, p = stats.paired_test([2.0, 4.0, 6.0])                      # t = 4 / (2 / √3)
+    assert t == pytest.approx(2 * 3 ** 0.5) and 0.05 < p < 0.1
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])   # 3p, 2p -> max, ..., 4p
+    # R: power.t.test(n = 20, delta = 1) = 0.8689528 (two-sample: df 38, ncp √10, the upper tail only)
+    c = stats.t_quantile(0.975, 38)
+    assert stats.noncentral_t_sf(c, 38, 10 ** 0.5) == pytest.approx(0.8689528, abs=1e-7)
+    assert stats.power_paired_t(0.0, 1.0, 6) == pytest.approx(0.05, abs=1e-6), "no effect: power = α"
+    d = stats.detectable_difference(1.0, 6)                        # 80 % power, n = 6: about 1.43 σ
+    assert stats.power_paired_t(d, 1.0, 6) == pytest.approx(0.8, abs=1e-6) and 1.4 < d < 1.45
+
+
 def control_run(model, seed, kind, ft_steps, test, predictions, spt_steps=0):
     """One run as read_run gives it, enough for control_section."""
     return dict(name=f"{model}-{kind}-{ft_steps}-s{seed}", model=model, task="text", seed=seed, kind=kind,
@@ -260,7 +277,8 @@ def control_run(model, seed, kind, ft_steps, test, predictions, spt_steps=0):
                 recipe="", setting="s", base="L ≤ 512 · D64x2", spt_steps=spt_steps, ft_steps=ft_steps,
                 n_train=4000, chance=0.5, curve=[(ft_steps, 0.6)], test=test, best_val=0.6, params=1,
                 seconds=60.0, spt_seconds=0.0, git="abc", torch="2", device="cpu", command="python train.py",
-                kernels=None, spt_loss=None, spt_best=None, speed=None, best_epoch=2, last_epoch=2 + (kind == "SPT"),
+                kernels=None, spt_loss=(2.0, 1.5) if kind == "SPT" else None,   # an SPT run's val loss: first, last
+                spt_best=1.5 if kind == "SPT" else None, speed=None, best_epoch=2, last_epoch=2 + (kind == "SPT"),
                 predictions=dict(labels="0" * 20, index_sha1="x", predictions=predictions))
 
 
@@ -277,6 +295,8 @@ def test_the_control_table_gives_each_pair_of_arms_its_interval_and_mcnemar_test
     assert "0.0039 / 0.0039 / 0.0039 (3 of 3 < 0.05)" in row, row               # 9 vs 0: 2 / 2^9
     assert any(line.startswith("| dlr | 60.0 [60.0, 60.0] (n=3)") for line in lines), lines
     assert any("TFS 3 of 3" in line and "SPT 0 of 3" in line for line in lines), "runs ending at their last eval"
+    assert any("lowest SPT validation loss is at their last SPT epoch (still improving when cut): 3 of 3" in line
+               for line in lines), "SPT phases still improving when pre-training stopped"
 
 
 def test_the_summary_reads_a_log_with_a_line_a_cut_write_left(tmp_path):
@@ -298,3 +318,104 @@ def test_a_tiny_run_writes_its_test_predictions_and_the_summary_reads_them_back(
     assert p["n"] == len(p["labels"]) == len(p["predictions"]) == 8, p
     correct = sum(x == y for x, y in zip(p["predictions"], p["labels"])) / p["n"]
     assert abs(correct - results["test_acc"]) < 1e-12, "the predictions do not give the run's test accuracy"
+
+
+# ---- the why-SPT study's driver (results/why_spt.py) ----------------------------------------------------------------
+
+def why_folder(out, name, cmd, cpu, *files, best_val=None):
+    """A run folder as train.py leaves it, with just what the driver reads: config.json's command and machine."""
+    (out / name).mkdir(parents=True)
+    (out / name / "config.json").write_text(json.dumps(dict(command=cmd, machine=dict(cpu=cpu),
+                                                            model_name="dlr")))
+    for f in files:
+        (out / name / f).write_text("")
+    if best_val is not None:
+        (out / name / "results.json").write_text(json.dumps(dict(best_val_acc=best_val)))
+
+
+def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keeps_a_seed_on_one_machine(tmp_path):
+    why = script("why_spt")
+    args = type("Args", (), dict(setting=["--preset", "tiny"], data_dir="d", cache_dir="c", out=tmp_path / "why"))
+    cmd = lambda seed, *flags: why.command("transformer", seed, list(flags), args)   # noqa: E731
+    out, control = tmp_path / "why", tmp_path / "control"
+    why_folder(out, "done-s0", cmd(0, "--epochs", "9"), "AMD EPYC", "results.json")             # finished
+    why_folder(out, "cut-s0", cmd(0, "--spt", "--epochs", "9"), "AMD EPYC", "last.pt")          # resumable
+    why_folder(out, "early-s0", cmd(0, "--pos", "none", "--epochs", "9"), "AMD EPYC")           # no evaluation yet
+    why_folder(out, "intel-s1", cmd(1, "--epochs", "9"), "Intel Xeon", "results.json")          # seed 1: elsewhere
+    why_folder(control, "ctl-s2", cmd(2, "--epochs", "9"), "AMD EPYC", "results.json", "best.pt")  # reusable here
+    why_folder(control, "ctl-s3", cmd(3, "--epochs", "9"), "Intel Xeon", "results.json")        # other CPU: rerun
+    jobs = [("done", cmd(0, "--epochs", "9")), ("cut", cmd(0, "--spt", "--epochs", "9")),
+            ("early", cmd(0, "--pos", "none", "--epochs", "9")), ("s1", cmd(1, "--spt", "--epochs", "9")),
+            ("s2", cmd(2, "--epochs", "9")), ("s3", cmd(3, "--epochs", "9"))]
+    said = []
+    dry = why.plan(jobs, out, "AMD EPYC", control, dry=True, log=said.append)
+    assert (out / "early-s0").is_dir() and not (out / "ctl-s2").exists(), "a dry run changed the disk"
+    todo = why.plan(jobs, out, "AMD EPYC", control, log=said.append)
+    assert [(n, f.name if f else None) for n, _, f in todo] == [("cut", "cut-s0"), ("early", None), ("s3", None)]
+    assert [n for n, _, _ in dry] == [n for n, _, _ in todo]
+    assert not (out / "early-s0").exists(), "a run stopped before its first evaluation is started again"
+    assert json.loads((out / "ctl-s2" / "reused.json").read_text())["reused_from"].endswith("ctl-s2")
+    assert not (out / "ctl-s2" / "best.pt").exists(), "a reused run brings no checkpoint"
+    assert any(s.startswith("s1: left: seed 1's runs ran on Intel Xeon, this machine is AMD EPYC") for s in said)
+
+
+def test_the_why_spt_pilot_chooses_the_best_validation_accuracy_per_model(tmp_path):
+    why = script("why_spt")
+    args = type("Args", (), dict(setting=["--preset", "tiny"], data_dir="d", cache_dir="c", out=tmp_path))
+    for model, accs in (("s4", [0.70, 0.72, 0.71, 0.72]), ("dlr", [0.80, 0.79, 0.78, 0.77])):
+        for (dropout, schedule), acc in zip(why.GRID, accs):
+            cmd = why.command(model, why.PILOT_SEED, why.grid_flags(dropout, schedule) + ["--epochs", "9"], args)
+            why_folder(tmp_path, f"{model}-{dropout}-{schedule}-s100-x", cmd, "AMD EPYC", best_val=acc)
+    choice, missing = why.pilot_choice(tmp_path, ["s4", "dlr"])
+    assert not missing and choice == {"s4": ("0", "cosine"), "dlr": ("0", "constant")}, choice   # s4: a tie, earlier
+    assert json.loads((tmp_path / "choice.json").read_text())["choice"]["s4"] == dict(dropout="0", schedule="cosine")
+    flags = why.arms(9, choice)["c"]
+    assert flags["dlr"]["tfs-tuned"] == ["--epochs", "9"], "the control's settings give the control's flags"
+    assert flags["s4"]["spt-tuned"] == ["--schedule", "cosine", "--spt", "--pretrain-epochs", "3", "--epochs", "9"]
+
+
+def test_the_why_spt_driver_runs_a_miniature_cell_b_keeping_the_transformers_checkpoints(tmp_path):
+    why = script("why_spt")
+    generate_listops(tmp_path, 200, 40, 40, min_length=30, max_length=200)
+    setting = ["--preset", "tiny", "--task", "listops", "--d-model", "16", "--n-layers", "1", "--batch-size", "16",
+               "--max-train", "16", "--max-eval", "8", "--lr", "5e-3", "--pretrain-lr", "3e-2", "--device", "cpu"]
+    argv = ["--cells", "b", "--seeds", "0", "--finetune-epochs", "1", "--setting", " ".join(setting), "--data-dir",
+            str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "why"), "--reuse-from", "",
+            "--console", str(tmp_path / "console"), "--nice", "0"]
+    assert why.main(argv) == 0
+    runs = sorted((tmp_path / "why").glob("listops-*"))
+    assert len(runs) == 2, runs
+    for folder in runs:
+        assert {p.name for p in folder.glob("*.pt")} == {"best.pt", "spt.pt"}, "keep best.pt and spt.pt, no last.pt"
+        results = json.loads((folder / "results.json").read_text())
+        assert results["spt_stopped_early"] or results["spt_epochs"] == 15, results
+        assert set(json.loads((folder / "attention.json").read_text())["checkpoints"]) == {"spt.pt", "best.pt"}
+        assert json.loads((folder / "config.json").read_text())["machine"]["cpu"]
+    assert why.main(argv) == 0 and sorted((tmp_path / "why").glob("listops-*")) == runs, "a second call reruns nothing"
+
+
+def test_the_why_spt_tables_pair_arms_by_seed_and_adjust_the_primary_contrasts(tmp_path):
+    why, study = script("why_spt"), tmp_path / "why_spt"
+    args = type("Args", (), dict(setting=["--preset", "tiny"], data_dir="d", cache_dir="c", out=study))
+    accs = {"tfs-sin": [0.60, 0.61, 0.62], "spt-sin": [0.64, 0.66, 0.65], "tfs-rot": [0.60, 0.60, 0.60],
+            "spt-rot": [0.60, 0.61, 0.60]}
+    for arm, by_seed in accs.items():
+        for seed, acc in enumerate(by_seed):
+            name = f"text-transformer-{arm}-s{seed}-x"
+            fake_run(study, name, acc, seed, "masked" if arm.startswith("spt") else None, 12)
+            config = json.loads((study / name / "config.json").read_text())
+            config.update(command=why.command("transformer", seed, why.arms(9)["a"]["transformer"][arm], args),
+                          machine=dict(cpu="AMD EPYC"))
+            (study / name / "config.json").write_text(json.dumps(config))
+    script("summarize").main(["--runs", str(study), "--out", str(tmp_path / "out")])
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    cell = rows_of(summary, "transformer spt-sin")[0]
+    assert cell[:3] == ["3", "0, 1, 2", "65.0 [62.5, 67.5]"] and cell[-2:] == ["AMD EPYC", "0"], cell
+    c1, c2, c3 = (rows_of(summary, name)[0] for name in ("C1 sinusoidal: SPT − TFS",
+                                                         "C2 position × SPT: (SPT − TFS) sinusoidal − (SPT − TFS) rotary",
+                                                         "C3 rotary: converged SPT − TFS"))
+    assert c1[:3] == ["3", "+4.0 / +5.0 / +3.0", "+4.0 [+1.5, +6.5]"], c1     # 4 ± 4.3027 · 1 / √3
+    assert c2[:2] == ["3", "+4.0 / +4.0 / +3.0"] and c3[:2] == ["0", "–"], (c2, c3)
+    stats = script("stats")
+    p1, p2 = stats.paired_test([4.0, 5.0, 3.0])[1], stats.paired_test([4.0, 4.0, 3.0])[1]
+    assert c1[4] == f"{p1:.3g} (Holm {stats.holm([p1, p2])[0]:.3g})", c1  # Holm over the two that ran

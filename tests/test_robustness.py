@@ -258,6 +258,7 @@ def test_non_finite_loss_stops_the_run_naming_phase_step_and_parameter(data_dir,
     (["--warmup", "-1"], "--warmup -1"),
     (["--generate", "5"], "--generate 5 must be 0 (never) or at least 10"),
     (["--model", "transformer", "--d-model", "30"], "d_model=30"),       # 30 is not divisible into 4 even heads
+    (["--model", "transformer", "--pos", "alibi"], "pos='alibi' must be one of rotary, sinusoidal, learned, none"),
     (["--device", "foo"], "--device foo"),
     (["--device", "cuda:7"], "--device cuda:7"),
     (["--accum-steps", "0"], "--accum-steps 0"),

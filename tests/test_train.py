@@ -324,3 +324,68 @@ def test_residual_stream_dtype_is_the_same_on_a_pixel_and_a_token_task_under_aut
                 "autocast did not cast the pixel encoder: the test proves nothing"
         seen[task] = set(dtypes)
     assert seen["pathfinder"] == seen["listops"] == {(torch.float32, torch.float32)}, seen
+
+
+# ---- SPT to convergence (--pretrain-patience) ----------------------------------------------------------------------
+
+PATIENCE = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "8", "--epochs", "1",
+            "--pretrain-lr", "3e-2"]   # 1 step an epoch; at this lr the SPT val loss bottoms out within 8 epochs
+
+
+def stop_epoch(losses, patience):
+    """Early stopping by hand: the epoch after which `patience` evaluations in a row had not beaten the best (one
+    evaluation an epoch), or None."""
+    best, stale = math.inf, 0
+    for epoch, loss in enumerate(losses, 1):
+        best, stale = (loss, 0) if loss < best else (best, stale + 1)
+        if stale == patience:
+            return epoch
+    return None
+
+
+def spt_records(run_dir):
+    return [r for r in records(run_dir) if r["phase"] == "spt"]
+
+
+@pytest.fixture(scope="module")
+def unstopped(data_dir, tmp_path_factory):
+    """The run without patience: every SPT epoch up to the cap."""
+    return run(data_dir, tmp_path_factory.mktemp("unstopped"), *PATIENCE)
+
+
+def test_pretrain_patience_stops_at_the_epoch_early_stopping_names(unstopped, data_dir, tmp_path):
+    losses = [r["val_loss"] for r in spt_records(unstopped[1])]
+    expected = stop_epoch(losses, 2)
+    assert expected is not None and expected < 8, f"the setting must stop early to test anything: {losses}"
+    results, run_dir = run(data_dir, tmp_path, *PATIENCE, "--pretrain-patience", "2")
+    got = spt_records(run_dir)
+    assert [r["epoch"] for r in got] == list(range(1, expected + 1)), f"stopped after {len(got)}, not {expected}"
+    assert [r["val_loss"] for r in got] == losses[:expected], "patience changed the epochs before the stop"
+    assert (results["spt_epochs"], results["spt_stopped_early"]) == (expected, True)
+    assert results["spt_val_metric"]["value"] == min(losses), "fine-tuning must start from the best SPT epoch"
+    assert f"spt: stopped after epoch {expected}/8" in (run_dir / "log.txt").read_text()
+    assert (unstopped[0]["spt_epochs"], unstopped[0]["spt_stopped_early"]) == (8, False)
+
+
+@pytest.mark.parametrize("kill_at", [6, 8])   # the 6th step: SPT epoch 6, before the stop; the 8th: fine-tuning
+def test_a_patience_run_resumed_mid_way_logs_what_an_uninterrupted_one_logs(kill_at, data_dir, tmp_path, monkeypatch):
+    full, full_dir = run(data_dir, tmp_path / "full", *PATIENCE, "--pretrain-patience", "2")
+    assert full["spt_epochs"] == 7, "this test is set up for a stop after SPT epoch 7 (6 and 7 not better than 5)"
+    calls, step = [], steps.guard_step
+
+    def killed(*a):                                      # the kill_at-th optimiser step is hit by a Ctrl-C
+        calls.append(1)
+        if len(calls) == kill_at:
+            raise KeyboardInterrupt
+        return step(*a)
+    monkeypatch.setattr(steps, "guard_step", killed)
+    with pytest.raises(SystemExit):
+        run(data_dir, tmp_path / "cut", *PATIENCE, "--pretrain-patience", "2")
+    monkeypatch.setattr(steps, "guard_step", step)
+    cut_dir = next((tmp_path / "cut").iterdir())
+    resumed = train.main(["--resume", str(cut_dir)])
+    times = ("elapsed_s", "wall_time_s")                  # the clock's, not the run's
+    strip = lambda d: [{k: v for k, v in r.items() if k not in times} for r in records(d)]  # noqa: E731
+    assert strip(cut_dir) == strip(full_dir), "the resumed run's log.jsonl differs from the uninterrupted one's"
+    for key in ("spt_epochs", "spt_stopped_early", "test_acc", "best_val_acc", "spt_val_metric"):
+        assert resumed[key] == full[key], f"{key}: resumed {resumed[key]} vs uninterrupted {full[key]}"

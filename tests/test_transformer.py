@@ -1,12 +1,19 @@
-"""Facts about transformer.py: shapes, causality, padding invariance, rotary relativity, block-local attention."""
+"""Facts about transformer.py: shapes, causality, padding invariance, the four position codes, block-local attention,
+and that the default (rotary) computes today what it computed before --pos existed."""
 import copy
+import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer import (SSM_PARAMS, Transformer, TransformerConfig, attention, block_local_attention, key_mask,
-                         rotary_angles, rotate, sinusoidal_embedding)
+import runs
+from conftest import records, run
+from lra.listops import generate_listops
+from transformer import (POSITIONS, SSM_PARAMS, Transformer, TransformerConfig, attention, block_local_attention,
+                         key_mask, rotary_angles, rotate, sinusoidal_embedding)
 
 ALWAYS_LOCAL, NEVER_LOCAL = 1, 10**9  # values of local_min_len that force block-local / full attention
 
@@ -42,11 +49,13 @@ def test_causal_model_does_not_see_the_future(local_min_len, training):
     assert not torch.allclose(y[:, 9:], y_new[:, 9:]), "outputs after t0 ignore their own inputs"
 
 
+@pytest.mark.parametrize("pos", POSITIONS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("local_min_len", [NEVER_LOCAL, ALWAYS_LOCAL])
-def test_padding_does_not_change_real_outputs(causal, local_min_len):
+def test_padding_does_not_change_real_outputs(causal, local_min_len, pos):
     torch.manual_seed(0)
-    model = Transformer(small(vocab_size=10, causal=causal, block_size=4, local_min_len=local_min_len)).eval()
+    model = Transformer(small(vocab_size=10, causal=causal, block_size=4, local_min_len=local_min_len, pos=pos,
+                              max_len=16)).eval()
     lengths = torch.tensor([16, 5, 11])
     x = torch.randint(1, 10, (3, 16))                              # (B, L); pads hold real-looking tokens on purpose
     batch = model(x, lengths)                                      # (B, L, D)
@@ -165,6 +174,11 @@ def test_lengths_not_of_shape_B_raise_value_error(bad):
     (dict(block_size=0), "block_size=0 must be >= 1"),
     (dict(vocab_size=0), "vocab_size=0 must be None or >= 1"),
     (dict(d_input=0), "d_input=0 must be >= 1"),
+    (dict(pos="alibi"), "pos='alibi' must be one of rotary, sinusoidal, learned, none"),
+    (dict(pos="learned", max_len=0), "max_len=0 must be >= 1"),
+    (dict(pos="sinusoidal", d_model=5, n_heads=1),
+     r"d_model=5 must be even \(sinusoidal codes come in sin/cos pairs\)"),
+    (dict(rotary=True, pos="learned"), "rotary=True contradicts pos='learned'"),
 ])
 def test_config_refuses_bad_fields_with_a_one_line_value_error(fields, message):
     with pytest.raises(ValueError, match=f"^{message}$"):
@@ -201,3 +215,142 @@ def test_sinusoidal_option_encodes_absolute_position():
     y = model(torch.full((2, 9), 4))                               # the same token everywhere
     assert y.shape == (2, 9, 16)
     assert not torch.allclose(y[:, 0], y[:, 5]), "identical tokens at different positions must differ"
+
+
+# ---- the position codes (--pos) ------------------------------------------------------------------------------------
+
+def first_layer_scores(model, x):
+    """q_m·k_n / √hs of the first layer, before any mask: (B, nh, L, L)."""
+    h, angles = model.embed(x)                                     # (B, L, D)
+    q, k, _ = model.layers[0].project(model.layers[0].norm1(h), angles)  # (B, nh, L, hs) each
+    return q @ k.transpose(-1, -2) / q.size(-1) ** 0.5             # (B, nh, L, L)
+
+
+def test_rotary_model_scores_of_one_token_everywhere_depend_only_on_the_offset():
+    # the same token at every position: the inputs to q and k are equal, so only the rotation can tell m from n
+    torch.manual_seed(0)
+    model = Transformer(small(vocab_size=10, pos="rotary")).double().eval()
+    s = first_layer_scores(model, torch.full((1, 24), 3))[0]       # (nh, L, L)
+    for offset in (-9, -1, 0, 2, 15):                              # every diagonal m − n = offset is constant
+        d = s.diagonal(-offset, -2, -1)                            # (nh, L − |offset|)
+        torch.testing.assert_close(d, d[:, :1].expand_as(d), msg=f"rotary scores vary along offset {offset}")
+    assert not torch.allclose(s.diagonal(0, -2, -1)[:, 0], s.diagonal(-1, -2, -1)[:, 0]), \
+        "rotary scores must depend on the offset"
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+def test_only_pos_none_is_permutation_equivariant(pos):
+    # without positions, attention and the MLP treat the sequence as a set: permuting the tokens permutes the features;
+    # any position code breaks that (the features before pooling, so mean pooling cannot hide it)
+    torch.manual_seed(0)
+    model = Transformer(small(vocab_size=10, pos=pos, max_len=12)).double().eval()
+    x = torch.randint(1, 10, (2, 12))                              # (B, L)
+    perm = torch.randperm(12, generator=torch.Generator().manual_seed(1))
+    y, y_perm = model(x), model(x[:, perm])                        # (B, L, D) each
+    if pos == "none":
+        torch.testing.assert_close(y_perm, y[:, perm], rtol=1e-12, atol=1e-12,
+                                   msg="pos=none must be permutation-equivariant")
+    else:
+        gap = (y_perm - y[:, perm]).abs().max().item()
+        assert gap > 1e-3, f"pos={pos}: permuting the tokens only permuted the features (gap {gap:.1e})"
+
+
+def test_learned_positions_are_a_max_len_by_D_table_added_at_the_input():
+    torch.manual_seed(0)
+    model = Transformer(small(vocab_size=10, pos="learned", max_len=12)).double().eval()
+    base = sum(p.numel() for p in Transformer(small(vocab_size=10, pos="none")).parameters())
+    assert sum(p.numel() for p in model.parameters()) - base == 12 * 16, "learned adds max_len × D parameters"
+    x = torch.randint(1, 10, (2, 7))
+    h, angles = model.embed(x)
+    torch.testing.assert_close(h, model.encoder(x) + model.pos_embedding.weight[:7], msg="h_m = E[x_m] + P[m]")
+    assert angles is None
+    with pytest.raises(ValueError, match=r"^input length 13 > max_len=12"):
+        model(torch.randint(1, 10, (1, 13)))
+
+
+def test_old_configs_with_rotary_load_as_pos():
+    # a config.json the control study wrote (before pos existed) says rotary=True; rotary=False was sinusoidal
+    old = json.loads(next((Path(__file__).parents[1] / "results" / "control").glob(
+        "text-transformer-tfs-*/config.json")).read_text())["config"]
+    assert old["rotary"] is True and "pos" not in old
+    assert TransformerConfig(**old).pos == "rotary"
+    assert TransformerConfig(**{**old, "rotary": False}).pos == "sinusoidal"
+    assert "rotary" not in dataclasses.asdict(TransformerConfig(rotary=False)), "new configs say pos only"
+    torch.manual_seed(0)
+    before = Transformer(TransformerConfig(**{**old, "rotary": False, "d_model": 16, "d_ff": 32}))
+    after = Transformer(TransformerConfig(**{**dataclasses.asdict(before.cfg)}))
+    after.load_state_dict(before.state_dict())                     # the same keys: an old checkpoint loads strictly
+    x = torch.randint(1, 200, (2, 9))
+    torch.testing.assert_close(after.eval()(x), before.eval()(x), rtol=0, atol=0)
+
+
+def test_attention_probs_are_the_weights_attend_uses():
+    torch.manual_seed(0)
+    for causal in (False, True):
+        model = Transformer(small(vocab_size=10, causal=causal)).double().eval()
+        layer, x, lengths = model.layers[0], torch.randint(1, 10, (3, 10)), torch.tensor([10, 6, 3])
+        h, angles = model.embed(x)                                 # (B, L, D)
+        a = layer.attention_probs(h, lengths, angles)              # (B, nh, L, L)
+        _, _, v = layer.project(layer.norm1(h), angles)            # (B, nh, L, hs)
+        B, L, D = h.shape
+        by_weights = layer.out((a @ v).transpose(1, 2).reshape(B, L, D))
+        real = torch.arange(L) < lengths[:, None]                  # (B, L): pad queries are never read
+        torch.testing.assert_close(by_weights[real], layer.attend(layer.norm1(h), lengths, angles)[real])
+        torch.testing.assert_close(a.sum(-1), torch.ones(B, 2, L, dtype=a.dtype))
+        assert (a[1, :, :6, 6:] == 0).all(), "real queries must give pads no weight"
+        if causal:
+            assert (a.triu(1) == 0).all(), "a causal query must give later keys no weight"
+
+
+# Recorded from the code at main 109d4ef (before pos existed: TransformerConfig(rotary=True / False)), on an AMD EPYC
+# with torch 2.13.0+cpu (one thread), by the same calls as the two tests below.
+BEFORE_POS = {"forward": {"rotary": 10.146366618398732, "sinusoidal": 10.480252075896097},
+              "spt_run": [("spt", 3.0642644895003146, 3.0333073933919272, 0.023809523809523808),
+                          ("spt", 2.949450829785741, 2.9434305826822915, 0.047619047619047616),
+                          ("finetune", 2.2711615562438965, 2.338364362716675, 0.0),
+                          ("finetune", 2.1691906452178955, 2.376742124557495, 0.125)],
+              "machine": ("AMD EPYC", "2.13.0+cpu")}
+
+
+@pytest.mark.parametrize("pos", ["rotary", "sinusoidal"])
+def test_default_and_sinusoidal_compute_what_the_code_before_pos_did(pos):
+    # float64: another CPU's kernels may round differently (about 1e-16 relative); a changed formula moves this by
+    # far more than the 1e-12 allowed
+    torch.manual_seed(0)
+    cfg = dict(d_model=16, n_layers=2, n_heads=2, d_ff=32, dropout=0.0, vocab_size=12)
+    model = Transformer(TransformerConfig(**cfg, **({} if pos == "rotary" else {"pos": pos}))).double().eval()
+    x = torch.randint(1, 12, (3, 20), generator=torch.Generator().manual_seed(1))
+    lengths = torch.tensor([20, 13, 7])
+    x[1, 13:], x[2, 7:] = 0, 0
+    y = model(x, lengths)                                          # (B, L, D)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    value = (y * w).sum().item()
+    assert value == pytest.approx(BEFORE_POS["forward"][pos], rel=1e-12, abs=0), \
+        f"pos={pos}: {value!r} != {BEFORE_POS['forward'][pos]!r} computed before pos existed"
+
+
+def test_default_spt_run_logs_what_the_code_before_pos_logged(tmp_path):
+    # a whole train.py run with SPT and fine-tuning (float32); to the last digit on the machine of the record, within
+    # float32 rounding (1e-5) on another CPU, whose kernels may add in another order
+    generate_listops(tmp_path, 200, 40, 40, min_length=30, max_length=200)
+    _, run_dir = run(tmp_path, tmp_path / "runs", "--model", "transformer", "--task", "listops", "--spt",
+                     "--pretrain-epochs", "2", "--epochs", "2")
+    got = [(r["phase"], r["train_loss"], r["val_loss"], r["val_acc"]) for r in records(run_dir) if "val_acc" in r]
+    assert json.loads((run_dir / "config.json").read_text())["config"]["pos"] == "rotary"
+    same_machine = (runs.machine(torch.device("cpu"))["cpu"], torch.__version__) == BEFORE_POS["machine"]
+    if same_machine:
+        assert got == BEFORE_POS["spt_run"], f"the default Transformer's run changed: {got}"
+    else:
+        assert [g[0] for g in got] == [b[0] for b in BEFORE_POS["spt_run"]]
+        assert [g[1:] for g in got] == pytest.approx([b[1:] for b in BEFORE_POS["spt_run"]], rel=1e-5), \
+            f"the default Transformer's run changed: {got}"
+
+
+def test_pos_flag_reaches_the_config_and_learned_rows_follow_the_task_length(tmp_path):
+    generate_listops(tmp_path, 200, 40, 40, min_length=30, max_length=200)
+    results, run_dir = run(tmp_path, tmp_path / "runs", "--model", "transformer", "--task", "listops", "--pos",
+                           "learned", "--epochs", "1")
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    assert (config["pos"], config["max_len"]) == ("learned", 2048), f"--pos learned on ListOps (L ≤ 2048): {config}"
+    keys = torch.load(run_dir / "best.pt", weights_only=True)["model"]
+    assert keys["backbone.pos_embedding.weight"].shape == (2048, 16)
