@@ -55,33 +55,40 @@ class Clean(NamedTuple):
                                      # (the models' fast path)
     mask_id: int                     # the <mask> token id
                                      # (pixels: masked values become 0 and an indicator says so)
+    labels: torch.Tensor | None = None   # (B,) class labels, for fine-tuning (SPT ignores them);
+                                         # Retrieval: one per pair of rows
 
 
-# ---- the objectives: (clean batch, the run's settings, generator, progress in [0, 1]) -> Batch ---
-# objectives.py's OBJECTIVES declares each one with its flags; each reads its own flags from `args`.
+# ---- the corruptions: (clean batch, generator, progress in [0, 1], the objective's flags) -> Batch
+# objectives.py's OBJECTIVES declares each one with its flags, which arrive as keyword arguments.
 # `gen` draws every random number on the device, for the whole global batch, so DDP processes mask
 # as one process would. `progress` (step / steps of the phase) lets an objective follow a schedule;
 # these four keep theirs constant.
 
-def masked(clean, args, gen, progress):
+def masked_batch(clean, gen, progress, mask_ratio):
     """Masked denoising, the paper's objective (§2): each content position masked i.i.d. with
-    p = args.mask_ratio, at least one per row, never a pad or the EOS; the loss counts the masked
+    p = mask_ratio, at least one per row, never a pad or the EOS; the loss counts the masked
     positions only."""
-    mask = sample_mask(clean.content, clean.value.size(1), args.mask_ratio, gen)  # (B, L) bool
+    mask = sample_mask(clean.content, clean.value.size(1), mask_ratio, gen)      # (B, L) bool
     return Batch(mask_input(clean.value, mask, clean.mask_id), clean.padded, clean.target,
                  mask.float())
 
 
-def span(clean, args, gen, progress):
-    """Span masking (SpanBERT): contiguous spans of mean length args.span_mean up to the share
-    args.mask_ratio."""
-    # (B, L) bool
-    mask = span_mask(clean.content, clean.value.size(1), args.mask_ratio, gen, args.span_mean)
+def masked(clean, args, gen, progress):
+    """masked_batch with the ratio read from args.mask_ratio (any object that has it): the call of
+    earlier versions, kept for code outside the repo."""
+    return masked_batch(clean, gen, progress, mask_ratio=args.mask_ratio)
+
+
+def span_batch(clean, gen, progress, mask_ratio, span_mean):
+    """Span masking (SpanBERT): contiguous spans of mean length span_mean up to the share
+    mask_ratio."""
+    mask = span_mask(clean.content, clean.value.size(1), mask_ratio, gen, span_mean)  # (B, L) bool
     return Batch(mask_input(clean.value, mask, clean.mask_id), clean.padded, clean.target,
                  mask.float())
 
 
-def causal(clean, args, gen, progress):
+def causal_batch(clean, gen, progress):
     """Next-token prediction: the input unchanged, the target shifted by one (a causal model is
     required)."""
     target, mask = next_token(clean.target, clean.lengths)                   # (B, L) each
@@ -90,15 +97,13 @@ def causal(clean, args, gen, progress):
     return Batch(x, clean.padded, target, mask.float())
 
 
-def rtd(clean, args, gen, progress):
-    """Replaced-token detection (ELECTRA): masked as `masked`, plus the uniform noise the generator
-    samples with and λ = args.rtd_weight; the model is ReplacedTokenDetection (generator
-    args.gen_width × args.gen_layers)."""
-    mask = sample_mask(clean.content, clean.value.size(1), args.mask_ratio, gen)  # (B, L) bool
+def rtd_batch(clean, gen, progress, mask_ratio, rtd_weight):
+    """Replaced-token detection (ELECTRA): masked as masked_batch, plus the uniform noise the
+    generator samples with and λ = rtd_weight; the model is ReplacedTokenDetection."""
+    mask = sample_mask(clean.content, clean.value.size(1), mask_ratio, gen)      # (B, L) bool
     noise = torch.rand(mask.shape, generator=gen, device=mask.device)            # (B, L)
     x = mask_input(clean.value, mask, clean.mask_id)
-    return Batch(x, clean.padded, clean.target, mask.float(), noise, args.rtd_weight)
-
+    return Batch(x, clean.padded, clean.target, mask.float(), noise, rtd_weight)
 
 
 def sample_mask(lengths, L, ratio, gen):
@@ -343,3 +348,46 @@ def discriminator_backbone(state):
     else:                                                        # ELECTRA's E, or Linear(2, D)
         out.update({k: v for k, v in state.items() if k.startswith("backbone.encoder.")})
     return out
+
+
+def rtd_batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
+    """heads.batch_loss of ReplacedTokenDetection (the rtd objective's loss): L_gen + λ·L_disc of
+    the rows `rows` of the global batch b, each part over the global batch's masked / real
+    positions (times `scale`, the DDP processes); statistics: the generator's and discriminator's
+    sums (and λ times the latter) and the discriminator's accuracy over real positions."""
+    lengths = None if b.lengths is None else b.lengths[rows]
+    mask, L = b.weight.bool(), b.weight.size(1)
+    real = (torch.ones_like(mask) if b.lengths is None
+            else torch.arange(L, device=mask.device) < b.lengths[:, None])
+    mask, real = mask[rows], real[rows]
+    gen_logits, disc_logits, labels = model(b.x[rows], lengths, b.target[rows], mask, b.noise[rows])
+    # (b, L) each
+    gen, disc = rtd_losses(gen_logits, disc_logits, labels, b.target[rows], mask, real)
+    loss = (gen.sum() / b.weight.sum() + b.disc_weight * disc.sum() / real_count(b)) * scale
+    correct = ((disc_logits.detach() > 0) == labels.bool()) & real
+    disc = disc.detach().sum().double()
+    return loss, {"n": real.sum().double(), "loss_disc": disc,
+                  "weighted_disc": b.disc_weight * disc,
+                  "correct": correct.sum().double(), "n_gen": mask.sum().double(),
+                  "loss_gen": gen.detach().sum().double()}
+
+
+def real_count(b):
+    """Real positions of the global batch (all of them when nothing is padded)."""
+    return b.weight.numel() if b.lengths is None else b.lengths.sum()
+
+
+def totals(total):
+    """A dict of summed statistics (device tensors or numbers) as floats: one read of the
+    device."""
+    return dict(zip(total, torch.stack([torch.as_tensor(v, dtype=torch.float64)
+                                        for v in total.values()]).tolist()))
+
+
+def rtd_metrics(total):
+    """L_gen + λ·L_disc, the discriminator's accuracy and both parts, from rtd_batch_loss's summed
+    statistics (one read of the device values)."""
+    t = totals(total)
+    n, gen = max(t["n"], 1e-12), t["loss_gen"] / max(t["n_gen"], 1e-12)
+    return {"loss": gen + t["weighted_disc"] / n, "acc": t["correct"] / n, "gen_loss": gen,
+            "disc_loss": t["loss_disc"] / n}

@@ -107,29 +107,7 @@ def model_input(x, task):
                               lra_data.MASK)
 
 
-# ---- models from a checkpoint's description, and the backbone they share ----------------------
-
-def build_model(ck, entry):
-    """The model a checkpoint dict describes, around backbone =
-    entry.build(entry.Config(**ck["config"])) (entry: its models.MODELS entry): a Classifier, a
-    Denoiser, or ELECTRA's ReplacedTokenDetection (discriminator = the backbone, generator of the
-    same family from head["gen_config"])."""
-    Config, build = entry.Config, entry.build
-    backbone, head = build(Config(**ck["config"])), ck["head"]
-    if head["kind"] == "denoise":
-        return Denoiser(backbone, ck["config"]["d_model"], head["n_out"])
-    if head["kind"] == "rtd":
-        generator, tokens = (build(Config(**head["gen_config"])),
-                             lra_data.TASKS[ck["task"]].kind == "tokens")
-        levels = (None if tokens
-                  else clean_input(torch.arange(256, dtype=torch.uint8)[None], ck["task"])[0][0])
-        widths = ck["config"]["d_model"], head["gen_config"]["d_model"]
-        exclude = (lra_data.PAD, lra_data.MASK) if tokens else ()
-        return denoise.ReplacedTokenDetection(backbone, generator, *widths, head["gdes"], levels,
-                                              exclude_ids=exclude)
-    return Classifier(backbone, ck["config"]["d_model"], head["n_classes"], head["pool"],
-                      head["pair"])
-
+# ---- the backbone a pre-trained checkpoint hands over ----------------------------------------
 
 def load_backbone(model, state):
     """Copy a checkpoint's backbone into a Classifier, strictly: the only keys allowed to differ are
@@ -174,20 +152,11 @@ def to_device(x, lengths, device):
     return x, lengths.to(device, non_blocking=True) if padded else None
 
 
-def finetune_inputs(batch, gen, progress, task, device):
-    """A collated (x, lengths, labels) batch -> Batch of the classifier: every example counts once
-    (gen and progress, which an SPT objective uses, are not needed)."""
-    x, lengths, y = batch
-    x, lengths_in = to_device(x, lengths, device)
-    y = y.to(device, non_blocking=True)
-    return Batch(model_input(x, task), lengths_in, y, torch.ones(y.shape, device=device))
-
-
 def clean_batch(batch, task, device):
-    """A collated batch -> denoise.Clean, what an SPT objective corrupts (labels unused): token ids,
-    or normalised pixel values with grey-level (Pathfinder) or value (Image) targets. Retrieval:
-    each document alone."""
-    x, lengths, _ = batch
+    """A collated (x, lengths, labels) batch -> denoise.Clean on `device`, the one input of every
+    phase: token ids, or normalised pixel values with grey-level (Pathfinder) or value (Image)
+    targets, and the labels. Retrieval: each document a row of its own (2B rows)."""
+    x, lengths, labels = batch
     if lra_data.TASKS[task].pair:
         x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,)
     x, padded = to_device(x, lengths, device)
@@ -195,7 +164,30 @@ def clean_batch(batch, task, device):
     value, target = clean_input(x, task)                                 # (B, L) each
     # EOS: the last real token
     content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths
-    return denoise.Clean(value, target, lengths, content, padded, lra_data.MASK)
+    return denoise.Clean(value, target, lengths, content, padded, lra_data.MASK,
+                         labels.to(device, non_blocking=True))
+
+
+def classifier_batch(clean, gen, progress, pair=False):
+    """A clean batch -> the classifier's Batch: the uncorrupted input (pixels with a zero mask
+    indicator), the labels, every example counted once (gen and progress, which an SPT objective
+    uses, are not needed). pair (Retrieval): rows 2i, 2i+1 are example i's two documents ->
+    x (B, 2, L), lengths (B, 2)."""
+    x = denoise.mask_input(clean.value, torch.zeros(clean.value.shape, dtype=torch.bool,
+                                                    device=clean.value.device), lra_data.MASK)
+    lengths = clean.padded
+    if pair:
+        x = x.unflatten(0, (-1, 2))                                      # (B, 2, L)
+        lengths = None if lengths is None else lengths.unflatten(0, (-1, 2))     # (B, 2)
+    y = clean.labels
+    return Batch(x, lengths, y, torch.ones(y.shape, device=y.device))
+
+
+def finetune_inputs(batch, gen, progress, task, device):
+    """classifier_batch of a collated batch (the fine-tuning input in one call, for code outside
+    the training loop)."""
+    return classifier_batch(clean_batch(batch, task, device), gen, progress,
+                            lra_data.TASKS[task].pair)
 
 
 def batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
@@ -203,14 +195,12 @@ def batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
     count (times `scale`: the number of DDP processes, whose gradients DDP averages), so that rows,
     micro-batches and processes add up to the global batch mean; and the rows' additive statistics
     (a dict of device tensors). Classifier: logits (b, C); Denoiser: predictions at every position
-    (b, L, V), no boolean indexing (it would read the mask's size back from the device); RTD
-    (b.noise set): L_gen + λ·L_disc, each over the global batch's masked / real positions. The one
+    (b, L, V), no boolean indexing (it would read the mask's size back from the device). (An
+    objective with a model of its own has its own loss: denoise.rtd_batch_loss.) The one
     loss of training, evaluation and the memory estimate (tools/memory.py). predictions: a list that
     gets the rows' predicted classes (b,) long (the test keeps them, for paired tests of two
     runs)."""
     lengths = None if b.lengths is None else b.lengths[rows]
-    if b.noise is not None:
-        return rtd_batch_loss(model, b, rows, lengths, scale)
     pred = model(b.x[rows], lengths)                                     # (b, C) or (b, L, V)
     target, weight = b.target[rows], b.weight[rows]                      # (b,) or (b, L)
     per = denoise.losses(pred, target)                                   # (b,) or (b, L) float32
@@ -218,30 +208,6 @@ def batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
         predictions.append(pred.detach().argmax(-1))                     # (b,)
     return ((per * weight).sum() / b.weight.sum() * scale,
             statistics(pred.detach(), target, per.detach(), weight))
-
-
-def rtd_batch_loss(model, b, rows, lengths, scale):
-    """batch_loss of ReplacedTokenDetection; statistics: the generator's and discriminator's sums
-    (and λ times the latter) and the discriminator's accuracy over real positions."""
-    mask, L = b.weight.bool(), b.weight.size(1)
-    real = (torch.ones_like(mask) if b.lengths is None
-            else torch.arange(L, device=mask.device) < b.lengths[:, None])
-    mask, real = mask[rows], real[rows]
-    gen_logits, disc_logits, labels = model(b.x[rows], lengths, b.target[rows], mask, b.noise[rows])
-    # (b, L) each
-    gen, disc = denoise.rtd_losses(gen_logits, disc_logits, labels, b.target[rows], mask, real)
-    loss = (gen.sum() / b.weight.sum() + b.disc_weight * disc.sum() / real_count(b)) * scale
-    correct = ((disc_logits.detach() > 0) == labels.bool()) & real
-    disc = disc.detach().sum().double()
-    return loss, {"n": real.sum().double(), "loss_disc": disc,
-                  "weighted_disc": b.disc_weight * disc,
-                  "correct": correct.sum().double(), "n_gen": mask.sum().double(),
-                  "loss_gen": gen.detach().sum().double()}
-
-
-def real_count(b):
-    """Real positions of the global batch (all of them when nothing is padded)."""
-    return b.weight.numel() if b.lengths is None else b.lengths.sum()
 
 
 def statistics(pred, target, per, weight):
@@ -265,16 +231,10 @@ def add(total, stats, keep=True):
 
 
 def metrics(total):
-    """loss and accuracy (classes), R² = 1 − SSE/SST (values), or L_gen + λ·L_disc, the
-    discriminator's accuracy and both parts (RTD), from summed statistics; one read of the device
-    values."""
-    t = dict(zip(total, torch.stack([torch.as_tensor(v, dtype=torch.float64)
-                                     for v in total.values()]).tolist()))
+    """loss and accuracy (classes) or R² = 1 − SSE/SST (values), from summed statistics; one read
+    of the device values. (An objective with other statistics has its own: denoise.rtd_metrics.)"""
+    t = denoise.totals(total)
     n = max(t["n"], 1e-12)
-    if "loss_gen" in t:
-        gen = t["loss_gen"] / max(t["n_gen"], 1e-12)
-        return {"loss": gen + t["weighted_disc"] / n, "acc": t["correct"] / n, "gen_loss": gen,
-                "disc_loss": t["loss_disc"] / n}
     if "sse" in t:
         return {"loss": t["loss"] / n,
                 "r2": 1.0 - t["sse"] / max(t["sumsq"] - t["sum"] ** 2 / n, 1e-12)}

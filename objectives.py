@@ -1,21 +1,30 @@
 """objectives.py: the self pre-training objectives train.py can use, one entry each.
-entry:   Objective(prepare, flags, doc, head, refuse): the corruption (a function of denoise.py),
-         the objective's own flags with their defaults and range checks, its one-line description,
-         the SPT model it trains ("denoise": backbone + per-position head; "rtd": ELECTRA's
-         generator and discriminator) and the check that refuses a run it cannot serve
-derived: --objective's choices and each objective's flags (train.parse_flags), the note on flags
-         that act only with --spt, the start-up line, results.json's spt_objective and the tests'
-         lists all read OBJECTIVES, so a new objective is its function and one entry here
-         (docs/fork.md)
-Check: tests/test_fork.py (an objective and a knob added as one entry each), tests/test_denoise.py.
+entry:   Objective(prepare, flags, doc, model, loss, metrics, backbone, refuse): everything an
+         objective is, in one place: its corruption (a function of denoise.py), its own flags
+         (defaults, range checks, help), its one-line description, the SPT model it trains around
+         the backbone (default: a per-position denoising head; rtd: ELECTRA's generator and
+         discriminator), its loss and metrics, how its pre-trained weights become the fine-tuning
+         backbone, and the check that refuses a run it cannot serve
+flags:   an entry's flags reach its functions as keyword arguments: each function names the ones
+         it reads (Objective.bound), never the run's whole settings
+derived: --objective's choices and each objective's flags (train.parse_flags), the notes on flags
+         that act only with --spt or with another objective, the start-up line, results.json's
+         spt_objective and the tests' lists all read OBJECTIVES, so a new objective is its function
+         and one entry here (docs/fork.md)
+Check: tests/test_fork.py (an objective with a model of its own added as one entry),
+tests/test_denoise.py.
 """
 import argparse
-import dataclasses
+import inspect
 import math
+from functools import partial
 from typing import Callable, NamedTuple
+
+import torch
 
 import denoise
 import heads
+import lra_data
 from presets import at_least, in_range
 
 
@@ -24,83 +33,156 @@ class Flag(NamedTuple):
     type: Callable | None       # argparse type: parses, checks the range (one line if it is not)
     help: str
     action: object = None       # e.g. argparse.BooleanOptionalAction (type is then None)
+    derive: Callable | None = None   # run -> the value when the flag is left unset (default None)
+
+
+class Run(NamedTuple):
+    """What an objective may ask of the run it serves (train.settle makes it)."""
+    task: str                   # an lra_data.TASKS name
+    causal: bool                # --causal: the backbone sees only the past
+    config: Callable            # (**changes) -> the backbone config with those fields changed;
+                                # ValueError (one line) when the model cannot be built so
+    build: Callable             # backbone config -> backbone (the MODELS entry's build)
+
+
+def denoiser(backbone, run):
+    """The default SPT model: the backbone + a per-position denoising head (heads.Denoiser)."""
+    return heads.Denoiser(backbone, run.config().d_model, heads.n_outputs(run.task))
+
+
+def no_reason(run):
+    """Every run can use this objective."""
+    return None
+
+
+def as_saved(state):
+    """The SPT model's state_dict already holds the backbone under backbone.*: nothing to fold."""
+    return state
 
 
 class Objective(NamedTuple):
-    prepare: Callable           # (denoise.Clean, args, gen, progress 0..1) -> denoise.Batch
+    prepare: Callable           # (denoise.Clean, gen, progress 0..1, **flags) -> denoise.Batch
     flags: dict                 # its own flags, name -> Flag; results.json records their values
     doc: str                    # one line, for --help and the start-up lines
-    head: str = "denoise"       # "denoise": per-position head; "rtd": ELECTRA's two models
-    refuse: Callable = lambda args: None     # args -> why this run cannot use it, or None
+    model: Callable = denoiser  # (backbone, run, **flags) -> the SPT model around the backbone
+    loss: Callable = heads.batch_loss   # (model, batch, rows, scale) -> (loss, statistics)
+    metrics: Callable = heads.metrics   # summed statistics -> {"loss": ..., ...}
+    backbone: Callable = as_saved   # the SPT model's state_dict -> backbone.* keys to fine-tune
+    refuse: Callable = no_reason    # (run, **flags) -> why this run cannot use it, or None
+
+    def bound(self, name, flags):
+        """The entry's function `name` ("prepare", "model", ...) with the flags it names as
+        parameters bound as keyword arguments (functools.partial)."""
+        fn = getattr(self, name)
+        params = inspect.signature(fn).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in params.values()):      # **flags: every one
+            return partial(fn, **flags)
+        return partial(fn, **{k: v for k, v in flags.items() if k in params})
 
 
-def needs_causal(args):
+# ---- replaced-token detection: ELECTRA's two models around the backbone --------------------------
+
+def rtd_model(backbone, run, gen_width, gen_layers, gdes):
+    """ELECTRA's generator (the backbone's family at gen_width × gen_layers) and discriminator
+    (the backbone, fine-tuned later), denoise.ReplacedTokenDetection. Pixels: the generator
+    samples grey levels, which the discriminator reads at their normalised value."""
+    generator = run.build(run.config(d_model=gen_width, n_layers=gen_layers))
+    tokens = lra_data.TASKS[run.task].kind == "tokens"
+    grey = torch.arange(256, dtype=torch.uint8)[None]                     # (1, 256) raw levels
+    levels = None if tokens else heads.clean_input(grey, run.task)[0][0]  # (256,) as read
+    exclude = (lra_data.PAD, lra_data.MASK) if tokens else ()
+    return denoise.ReplacedTokenDetection(backbone, generator, run.config().d_model, gen_width,
+                                          gdes, levels, exclude_ids=exclude)
+
+
+def rtd_refuse(run, gen_width, gen_layers):
+    """No replacements to sample for Image's L1 targets; a generator the model cannot build."""
+    if run.task == "image":
+        return ("--objective rtd samples replacements from a distribution, and Image's L1 targets "
+                "have none: use masked or span")
+    try:
+        run.config(d_model=gen_width, n_layers=gen_layers)
+    except ValueError as e:
+        return (f"the rtd generator: {e} (set by --gen-width {gen_width}, --gen-layers "
+                f"{gen_layers}, or the preset)")
+    return None
+
+
+def gen_width(run):
+    """ELECTRA's generator width: the widest the model accepts at most 1/4 of the backbone's
+    (Transformer: a multiple of 2·n_heads), else the narrowest above; None while the backbone's
+    own config is impossible (its check says why)."""
+    try:
+        d_model = run.config().d_model
+    except ValueError:
+        return None
+    widths = [*range(max(1, d_model // 4), 0, -1), *range(d_model // 4 + 1, d_model + 1)]
+    for width in widths:
+        try:
+            run.config(d_model=width)
+            return width
+        except ValueError:
+            continue
+    return max(1, d_model // 4)
+
+
+def needs_causal(run):
     """--objective causal needs a causal model."""
-    return None if args.causal else ("--objective causal trains next-token prediction, which a "
-                                     "bidirectional model solves by looking ahead: add --causal")
+    return None if run.causal else ("--objective causal trains next-token prediction, which a "
+                                    "bidirectional model solves by looking ahead: add --causal")
 
 
-def not_on_image(args):
-    """--objective rtd samples replacements: none for Image's L1 targets."""
-    return None if args.task != "image" else ("--objective rtd samples replacements from a "
-                                              "distribution, and Image's L1 targets have none: "
-                                              "use masked or span")
-
+# ---- the entries ----------------------------------------------------------------------------------
 
 MASK_RATIO = Flag(None, in_range(0, 1, open_low=True, open_high=True),
-                  "share of positions masked (default: the task's; text 0.15, pixels 0.5)")
-OBJECTIVES = {
-    "masked": Objective(denoise.masked, {"mask_ratio": MASK_RATIO},
+                  "share of positions masked (default: the task's; text 0.15, pixels 0.5)",
+                  derive=lambda run: lra_data.TASKS[run.task].mask_ratio)
+OBJECTIVES = {                  # the first entry is --objective's default
+    "masked": Objective(denoise.masked_batch, {"mask_ratio": MASK_RATIO},
                         "masked denoising, the paper's"),
-    "span": Objective(denoise.span, {"mask_ratio": MASK_RATIO, "span_mean": Flag(
+    "span": Objective(denoise.span_batch, {"mask_ratio": MASK_RATIO, "span_mean": Flag(
         3.0, in_range(1, 10), "mean span length (geometric, at most 10)")},
         "span masking (SpanBERT)"),
-    "causal": Objective(denoise.causal, {}, "next token (causal LM), with --causal",
+    "causal": Objective(denoise.causal_batch, {}, "next token (causal LM), with --causal",
                         refuse=needs_causal),
-    "rtd": Objective(denoise.rtd, {
+    "rtd": Objective(denoise.rtd_batch, {
         "mask_ratio": MASK_RATIO,
-        "gen_width": Flag(None, at_least(1), "the generator's width (default: d_model / 4)"),
+        "gen_width": Flag(None, at_least(1), "the generator's width (default: d_model / 4)",
+                          derive=gen_width),
         "gen_layers": Flag(1, at_least(1), "the generator's layers"),
         "rtd_weight": Flag(denoise.RTD_WEIGHT, in_range(0, math.inf, open_low=True),
                            "λ in L_gen + λ·L_disc"),
         "gdes": Flag(True, None, "discriminator reads sg(E) + its own part (DeBERTaV3); "
                      "--no-gdes: E (ELECTRA)", argparse.BooleanOptionalAction)},
-        "replaced-token detection (ELECTRA)", head="rtd", refuse=not_on_image),
+        "replaced-token detection (ELECTRA)", model=rtd_model, loss=denoise.rtd_batch_loss,
+        metrics=denoise.rtd_metrics, backbone=denoise.discriminator_backbone, refuse=rtd_refuse),
 }
 
 
-def spt_batch(batch, gen, progress, args, device):
-    """A collated batch -> the objective's denoise.Batch: the task's clean tensors on `device`, then
-    the corruption, drawn from `gen`; progress (0..1, the phase's step / steps) lets it schedule."""
-    clean = heads.clean_batch(batch, args.task, device)
-    return OBJECTIVES[args.objective].prepare(clean, args, gen, progress)
+def fill_defaults(args, run):
+    """Every objective flag left unset (None) that its Flag derives from the run (the task's mask
+    ratio, the generator's width) gets that value in args."""
+    for entry in OBJECTIVES.values():
+        for name, flag in entry.flags.items():
+            if flag.derive is not None and getattr(args, name) is None:
+                setattr(args, name, flag.derive(run))
 
 
-def spt_head(args, cfg):
-    """The checkpoint's description of the SPT model: a denoising head, or ELECTRA's generator (the
-    same family at --gen-width × --gen-layers) and discriminator. cfg: the backbone's config."""
-    if OBJECTIVES[args.objective].head != "rtd":
-        return dict(kind="denoise", n_out=heads.n_outputs(args.task))
-    gen_cfg = dataclasses.replace(cfg, d_model=args.gen_width, n_layers=args.gen_layers)
-    return dict(kind="rtd", n_out=heads.n_outputs(args.task),
-                gen_config=dataclasses.asdict(gen_cfg), gdes=args.gdes)
+def spt_head(name, flags):
+    """The checkpoint's description of an SPT model: which objective, with which flag values
+    (models.build_model rebuilds it from that)."""
+    return dict(kind="spt", objective=name, flags=dict(flags))
 
 
-SPT_FLAGS = ("objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size", "pretrain_accum_steps",
-             "pretrain_patience")
+def backbone_state(ck):
+    """The backbone.* weights a checkpoint dict hands to fine-tuning: an SPT checkpoint's through
+    its objective's `backbone` (rtd: the discriminator, its GDES table folded), any other's as
+    saved."""
+    head = ck["head"]
+    return (OBJECTIVES[head["objective"]].backbone(ck["model"]) if head["kind"] == "spt"
+            else ck["model"])
 
 
-def ignored_flags(args, given):
-    """Notes naming the flags typed on the command line (`given`) that this run does not use: the
-    SPT-only flags (SPT_FLAGS and every objective's own) without --spt, and with --spt the flags of
-    objectives other than --objective. -> a list of at most one line."""
-    dash = lambda k: "--" + k.replace("_", "-")  # noqa: E731
-    own = {n for o in OBJECTIVES.values() for n in o.flags}
-    if not args.spt:
-        unused = sorted(given & {*SPT_FLAGS, *own})
-        return [f"note: {', '.join(map(dash, unused))} only act{'s' * (len(unused) == 1)} with "
-                f"--spt: ignored"] if unused else []
-    unused = sorted(given & own - set(OBJECTIVES[args.objective].flags))
-    users = lambda k: "/".join(n for n, o in OBJECTIVES.items() if k in o.flags)  # noqa: E731
-    return [f"note: {', '.join(f'{dash(k)} (of --objective {users(k)})' for k in unused)} "
-            f"not used by --objective {args.objective}: ignored"] if unused else []
+def spt_model(backbone, head, run):
+    """The SPT model of checkpoint head `head` (spt_head) around `backbone`."""
+    return OBJECTIVES[head["objective"]].bound("model", head["flags"])(backbone, run)

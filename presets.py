@@ -261,8 +261,8 @@ def preset_values(preset, name, entry, task, spt):
 
 def apply(args, entry):
     """Merge the preset's values into args, in one place: an explicit flag (not None) wins; then the
-    defaults that follow from the task and the model (pooling, mask ratio, the RTD generator's
-    width). entry: the model's models.MODELS entry. Returns the model-config fields (of
+    default that follows from the task (pooling; an objective's own defaults are its entry's:
+    objectives.fill_defaults). entry: the model's models.MODELS entry. Returns the model-config fields (of
     entry.Config) the preset or the flags decide, and the notes to print. A paper batch is split
     into micro-batches of this process's rows (memory per process)."""
     args.preset = args.preset or ("paper" if torch.cuda.is_available() else "tiny")
@@ -275,10 +275,10 @@ def apply(args, entry):
     accum_given = {k for k in ("accum_steps", "pretrain_accum_steps")
                    if getattr(args, k) is not None}
     for key, value in preset_values(args.preset, args.model, entry, args.task, args.spt).items():
-        if hasattr(args, key):
-            setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
-        else:
+        if key in fields:                     # a model knob: the config's (a typed flag wins, below)
             config_kw[key] = value
+        elif hasattr(args, key):
+            setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
     config_kw.update({k: v for k, v in vars(args).items() if k in fields and v is not None})
     if args.pretrain_batch_size is None:                  # CPU presets: one batch size
         args.pretrain_batch_size = args.batch_size
@@ -301,24 +301,16 @@ def apply(args, entry):
         notes.append("note: causal model: LayerNorm instead of the preset's BatchNorm (whose "
                      "statistics over the time axis would let earlier positions see later ones "
                      "in training)")
-    task = lra_data.TASKS[args.task]
-    args.pool = args.pool or task.pool
-    args.mask_ratio = task.mask_ratio if args.mask_ratio is None else args.mask_ratio
-    # even heads (rotary pairs)
-    step = 2 * config_kw.get("n_heads", 1) if args.model == "transformer" else 1
-    if args.gen_width is None:                            # rtd: ELECTRA's generator, 1/4 as wide
-        args.gen_width = max(step, config_kw["d_model"] // 4 // step * step)
+    args.pool = args.pool or lra_data.TASKS[args.task].pool
     return config_kw, notes
 
 
-def check(args, config_kw, entry, objective):
+def check(args, config_kw, entry):
     """The checks that involve several flags (or a flag and the disk), after the presets are
-    applied; returns the backbone config (entry: the model's models.MODELS entry, objective: the
-    --objective's objectives.OBJECTIVES entry). Raises ValueError with one line naming the flags
+    applied; returns the backbone config (entry: the model's models.MODELS entry; the objective's
+    own checks are its entry's `refuse`). Raises ValueError with one line naming the flags
     (train.py prints it and exits with status 2)."""
     task = lra_data.TASKS[args.task]
-    if args.spt and (why := objective.refuse(args)):
-        raise ValueError(why)
     if args.spt and args.init_from:
         raise ValueError("--init-from already supplies a pre-trained backbone: drop --spt (or "
                          "--init-from)")
@@ -344,13 +336,14 @@ def check(args, config_kw, entry, objective):
         raise ValueError(f"--out {args.out} is a file, not a folder: pass a folder for the run "
                          f"folders")
     try:
-        if args.spt and objective.head == "rtd":          # the generator: same family, narrower
-            model_config(entry.Config, args.task, {**config_kw, "d_model": args.gen_width,
-                                                   "n_layers": args.gen_layers})
         return model_config(entry.Config, args.task, config_kw, args.causal)
-    except ValueError as e:
-        raise ValueError(f"{args.model} model: {e} (set by --d-model, --n-layers, --d-state, "
-                         f"--dropout, --pos, --gen-width, --gen-layers or the preset)") from None
+    except ValueError as e:                  # "d_state=0 must be ...": name the flag that set it
+        field = re.match(r"(\w+)=", str(e))
+        value = field and config_kw.get(field[1])
+        shown = f"{value:g}" if isinstance(value, (int, float)) else value   # as it was typed
+        flag = (f"--{field[1].replace('_', '-')} {shown}: " if isinstance(value, (int, float, str))
+                and not isinstance(value, bool) else "")
+        raise ValueError(f"{flag}{args.model} model: {e} (set by its flags or the preset)") from None
 
 
 # ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------

@@ -398,10 +398,23 @@ def param_groups(model, lr, wd, ssm_lr, ssm_names):
     return [g for g in groups if g["params"]]
 
 
+def constant(progress):
+    """The paper's schedule: the peak lr all along after warm-up."""
+    return 1.0
+
+
+def cosine(progress):
+    """Half a cosine from 1 down to 0 over the steps after warm-up."""
+    return 0.5 * (1 + math.cos(math.pi * progress))
+
+
+# --schedule's choices: name -> the lr multiplier after warm-up, a function of the progress
+# through the steps after it (0 -> 1); a new schedule is one entry (docs/fork.md)
+SCHEDULES = {"constant": constant, "cosine": cosine}
+
+
 def lr_factor(step, warmup, total, schedule):
-    """Every group's lr multiplier: linear warm-up, then constant (the paper's) or cosine."""
+    """Every group's lr multiplier: linear warm-up, then SCHEDULES[schedule]."""
     if step < warmup:
         return (step + 1) / warmup
-    if schedule == "cosine":
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
-    return 1.0
+    return SCHEDULES[schedule](min(1.0, (step - warmup) / max(1, total - warmup)))

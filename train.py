@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 import denoise  # noqa: E402
 import heads  # noqa: E402
 import lra_data  # noqa: E402
+import models  # noqa: E402
 import objectives  # noqa: E402
 import presets  # noqa: E402
 import runs  # noqa: E402
@@ -54,7 +55,7 @@ def parse_flags(argv):
     flag("--model", choices=MODELS, default="dlr", help=", ".join(MODELS))
     flag("--task", choices=lra_data.TASKS, default="pathfinder", help=", ".join(lra_data.TASKS))
     flag("--spt", action="store_true", help="self pre-train on the train split, then fine-tune")
-    flag("--objective", choices=OBJECTIVES, default="masked",
+    flag("--objective", choices=OBJECTIVES, default=next(iter(OBJECTIVES)),
          help="; ".join(f"{k}: {o.doc}" for k, o in OBJECTIVES.items()))
     for name, f in {n: f for o in OBJECTIVES.values() for n, f in o.flags.items()}.items():
         users = ", ".join(k for k, o in OBJECTIVES.items() if name in o.flags)
@@ -76,16 +77,13 @@ def parse_flags(argv):
     flag("--pretrain-accum-steps", type=at_least(1), default=None, help="SPT micro-batches")
     flag("--lr", type=rate, default=None, help="fine-tuning learning rate")
     flag("--pretrain-lr", type=rate, default=None, help="SPT learning rate")
-    flag("--ssm-lr", type=rate, default=None, help="lr of the SSM parameters (config's)")
     flag("--weight-decay", type=in_range(0, math.inf), default=None, help="AdamW weight decay")
     flag("--warmup", type=count, default=None, help="linear warm-up steps")
-    flag("--schedule", choices=["constant", "cosine"], default="constant", help="after warm-up")
-    flag("--d-model", type=at_least(1), default=None, help="model width D")
-    flag("--n-layers", type=at_least(1), default=None, help="layers")
-    flag("--d-state", type=at_least(1), default=None, help="SSM state size N")
-    flag("--dropout", type=in_range(0, 1, open_high=True), default=None, help="dropout")
-    flag("--pos", default=None, help="transformer: where positions enter: rotary (default), "
-         "sinusoidal, learned or none (checked by transformer.TransformerConfig)")
+    flag("--schedule", choices=steps.SCHEDULES, default="constant", help="after warm-up: "
+         + ", ".join(steps.SCHEDULES))
+    for name, (settings, text, users) in models.knobs().items():   # each model's config fields
+        flag("--" + name.replace("_", "-"), default=None, **settings,
+             help=f"{', '.join(users)}: {text} (default: the preset's, else the config's)")
     flag("--pool", choices=["mean", "max", "last"], default=None, help="default: the task's")
     flag("--data-dir", default="data", help="downloaded files; synthetic tasks generated here")
     flag("--cache-dir", default=None, help="arrays (default: <data-dir>/cache or data/cache)")
@@ -125,7 +123,11 @@ class Phase(NamedTuple):
     accum_steps: int            # micro-batches per step: the same update in less memory
     best_file: str              # spt.pt or best.pt: kept for the next phase / the test
     select: str                 # the validation metric that picks it: "loss" or "acc"
-    prepare: Callable           # (collated batch, gen, progress) -> denoise.Batch
+    inputs: Callable            # collated batch -> denoise.Clean on the device (heads.clean_batch)
+    prepare: Callable           # (clean, gen, progress) -> denoise.Batch: the objective's
+                                # corruption (SPT) or the labels (heads.classifier_batch)
+    loss: Callable              # (model, batch, rows, scale) -> (loss, statistics)
+    metrics: Callable           # summed statistics -> {"loss": ..., "acc": ...}
     patience: int = 0           # stop after this many evaluations without improvement (0: never)
 
 
@@ -174,14 +176,14 @@ def run_phase(phase, model, run, splits, resume=None):
         if epoch % args.eval_every and epoch < phase.epochs and state.step < state.total:
             continue                                        # evaluate every k-th epoch and the last
         with runs.stopping_at(f"{phase.name} epoch {epoch}/{phase.epochs}, evaluation"):
-            val = evaluate(state.forward, phase.prepare, val_batches, args.seed + 3, state.amp)
+            val = evaluate(state.forward, phase, val_batches, args.seed + 3, state.amp)
             steps.check_finite_eval(phase, epoch, val, best)    # never a non-finite best or last
             improved = best["epoch"] == 0 or score(val) > score(best["val"])
             if improved:
                 best = {"name": f"val_{phase.select}", "value": val[phase.select], "epoch": epoch,
                         "val": val}
             seconds = before + time.time() - start
-            metrics = dict(train=heads.metrics(steps.all_sum(since_eval)), val=val,
+            metrics = dict(train=phase.metrics(steps.all_sum(since_eval)), val=val,
                            improved=improved, seconds=seconds)
             entry = steps.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"],
                                         metrics)                    # (line, record)
@@ -211,20 +213,21 @@ def train_epoch(state, batches, desc):
     where = lambda: f"{desc.replace(' ', ' epoch ', 1)}, step {state.step}"  # noqa: E731
     with runs.stopping_at(where), steps.progress_bar(batches, desc, disable=rank > 0) as bar:
         for batch in bar:
-            b = phase.prepare(batch, state.gens["mask"], state.step / state.total)
+            clean = phase.inputs(batch)                     # to the device; pixels normalised
+            b = phase.prepare(clean, state.gens["mask"], state.step / state.total)
             rows, keep = steps.shard(len(b.weight))         # this process's examples of the batch
             parts = steps.micro_batches(rows, phase.accum_steps)
             bad_loss = torch.zeros((), dtype=torch.bool, device=state.device)
             for i, part in enumerate(parts):
                 with state.no_sync(last=i == len(parts) - 1), state.amp():
-                    loss, stats = heads.batch_loss(state.forward, b, part, world)
+                    loss, stats = phase.loss(state.forward, b, part, world)
                 (state.scaler.scale(loss * keep) if state.scaler else loss * keep).backward()
                 train = heads.add(train, stats, keep)
                 bad_loss = bad_loss | ~torch.isfinite(loss.detach())
             steps.guard_step(state, bad_loss)
             if state.step % steps.PROGRESS_STEPS == 0 or state.step >= state.total:
                 steps.check_finite(state, phase.name)
-                bar.set_postfix({k: f"{v:.4f}" for k, v in heads.metrics(train).items()})
+                bar.set_postfix({k: f"{v:.4f}" for k, v in phase.metrics(train).items()})
             if state.step >= state.total:
                 break
         steps.check_finite(state, phase.name)
@@ -232,48 +235,51 @@ def train_epoch(state, batches, desc):
 
 
 @torch.no_grad()
-def evaluate(model, prepare, loader, seed, amp, predictions=None):
-    """Metrics over a whole split, summed on the device and read once; SPT masks come from a
+def evaluate(model, phase, loader, seed, amp, predictions=None):
+    """phase.metrics over a whole split, summed on the device and read once; SPT masks come from a
     generator re-seeded each time, so epochs compare alike. DDP: each process scores its rows of
     every batch, the sums are added. predictions: a list that gets the predicted classes."""
     model.eval()
     device = next(model.parameters()).device
     gen, total = torch.Generator(device).manual_seed(seed), {}
     for batch in loader:
-        b = prepare(batch, gen, 1.0)
+        b = phase.prepare(phase.inputs(batch), gen, 1.0)
         rows, keep = steps.shard(len(b.weight))
         with amp():
             kept = predictions if keep else None            # a DDP dummy row predicts nothing,
             if predictions is not None and not keep:        # but keeps the batches in step
                 predictions.append(torch.zeros(0, dtype=torch.long, device=device))
-            total = heads.add(total, heads.batch_loss(model, b, rows, predictions=kept)[1], keep)
+            total = heads.add(total, phase.loss(model, b, rows, predictions=kept)[1], keep)
     model.train()
-    return heads.metrics(steps.all_sum(total))
+    return phase.metrics(steps.all_sum(total))
 
 
 # ---- the method: pre-train, fine-tune, test ----------------------------------------------------
 
-def pretrain(run, cfg, splits, resume):
-    """Phase 1: a fresh backbone + denoising head (rtd: + a small generator) on the training
-    inputs; the best one by the objective's own validation loss is saved as spt.pt."""
-    args = run.args
+def pretrain(run, splits, resume):
+    """Phase 1: a fresh backbone inside the objective's SPT model (its OBJECTIVES entry builds it:
+    a denoising head, or ELECTRA's generator + discriminator) on the training inputs; the best one
+    by the objective's own validation loss is saved as spt.pt."""
+    args, objective = run.args, OBJECTIVES[run.args.objective]
+    flags = {k: getattr(args, k) for k in objective.flags}       # its own flags, by name
     torch.manual_seed(args.seed)
-    spt = run.with_meta(head=objectives.spt_head(args, cfg))
-    prepare = partial(objectives.spt_batch, args=args, device=run.device)
+    spt = run.with_meta(head=objectives.spt_head(args.objective, flags))
+    inputs = partial(heads.clean_batch, task=args.task, device=run.device)
     phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size,
-                  args.pretrain_accum_steps, "spt.pt", "loss", prepare, args.pretrain_patience)
+                  args.pretrain_accum_steps, "spt.pt", "loss", inputs,
+                  objective.bound("prepare", flags), objective.loss, objective.metrics,
+                  args.pretrain_patience)
     return run_phase(phase, build_model(spt.meta).to(run.device), spt, splits, resume)
 
 
 def load_pretrained(classifier, run, init_ck=None):
     """Copy the backbone of spt.pt (after --spt) or --init-from (init_ck) into the classifier,
-    strictly: only the old and the new heads may differ."""
+    strictly: only the old and the new heads may differ (the objective's entry says which weights
+    are the backbone)."""
     path = run.folder / "spt.pt" if run.args.spt else Path(run.args.init_from)
     ck = init_ck or runs.read_checkpoint(path, run.device)
-    rtd = ck["head"]["kind"] == "rtd"
-    state = denoise.discriminator_backbone(ck["model"]) if rtd else ck["model"]
     try:
-        _, new = heads.load_backbone(classifier, state)
+        _, new = heads.load_backbone(classifier, objectives.backbone_state(ck))
     except RuntimeError as e:
         fail(f"loading the backbone of {path}: {str(e).splitlines()[0]}")
     dropped = sorted(k for k in ck["model"] if not k.startswith("backbone."))   # heads, generator
@@ -282,7 +288,7 @@ def load_pretrained(classifier, run, init_ck=None):
         f"{', '.join(dropped)}")
 
 
-def test(classifier, run, splits, prepare):
+def test(classifier, run, splits, phase):
     """Test accuracy of the best-validation checkpoint (best.pt); its predictions are saved."""
     args = run.args
     with runs.stopping_at("the test"):
@@ -290,27 +296,28 @@ def test(classifier, run, splits, prepare):
         classifier.load_state_dict(best["model"])
         batches, predicted = steps.loader(splits["test"], args.batch_size, args, run.device), []
         amp = steps.precision(args, run.device)[1]
-        result = evaluate(classifier, prepare, batches, args.seed + 3, amp, predicted)
+        result = evaluate(classifier, phase, batches, args.seed + 3, amp, predicted)
         steps.write_predictions(run.folder, splits["test"], predicted)
     return result
 
 
-def run_both_phases(run, cfg, classifier, splits, resume, init_ck):
+def run_both_phases(run, classifier, splits, resume, init_ck):
     """Pre-train (with --spt), fine-tune, test: the method. -> results (test_acc, ...)."""
     args, seconds, spt = run.args, {}, None
     resuming_ft = resume is not None and resume["phase"] == "finetune"
     if args.spt:
-        spt = resume["spt"] if resuming_ft else pretrain(run, cfg, splits, resume)
+        spt = resume["spt"] if resuming_ft else pretrain(run, splits, resume)
         seconds["spt"] = spt["seconds"]
     if (args.spt or args.init_from) and not resuming_ft:    # else last.pt holds the whole state
         load_pretrained(classifier, run, init_ck)
-    prepare = partial(heads.finetune_inputs, task=args.task, device=run.device)
+    inputs = partial(heads.clean_batch, task=args.task, device=run.device)
+    labels = partial(heads.classifier_batch, pair=lra_data.TASKS[args.task].pair)
     phase = Phase("finetune", args.epochs, args.lr, args.batch_size, args.accum_steps, "best.pt",
-                  "acc", prepare)
+                  "acc", inputs, labels, heads.batch_loss, heads.metrics)
     ft = run_phase(phase, classifier, run.with_meta(spt=spt), splits,
                    resume if resuming_ft else None)
     seconds["finetune"], t_test = ft["seconds"], time.time()
-    result = test(classifier, run, splits, prepare)
+    result = test(classifier, run, splits, phase)
     seconds["test"] = time.time() - t_test
     spt_text = spt and " | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items())
     log(run.folder, f"test | acc {result['acc']:.4f} | loss {result['loss']:.4f} | best val_acc "
@@ -334,17 +341,50 @@ def settle(argv):
     how, resume, lock = "given" if args.preset else "default", None, None
     if args.resume:                                 # the run's own settings, last.pt and lock
         args, resume, lock = runs.resume_settings(args, given, defaults)
+    entry, objective = MODELS[args.model], OBJECTIVES[args.objective]
     try:
-        config_kw, notes = presets.apply(args, MODELS[args.model])  # the preset, then the flags
-        cfg = presets.check(args, config_kw, MODELS[args.model], OBJECTIVES[args.objective])
+        config_kw, notes = presets.apply(args, entry)        # the preset, then the flags
+        run = objectives.Run(args.task, args.causal, lambda **changes: presets.model_config(
+            entry.Config, args.task, {**config_kw, **changes}, args.causal), entry.build)
+        objectives.fill_defaults(args, run)                 # e.g. the task's mask ratio
+        cfg = presets.check(args, config_kw, entry)
+        flags = {k: getattr(args, k) for k in objective.flags}
+        if args.spt and (why := objective.bound("refuse", flags)(run)):
+            raise ValueError(why)
     except ValueError as e:
         fail(str(e))
-    notes += objectives.ignored_flags(args, given)  # SPT-only flags, another objective's flags
+    notes += unused_flag_notes(args, given)
     if resume:                                      # the weights' own config, whatever the presets
         cfg = type(cfg)(**resume["config"])
     runs.absolute_paths(args)                       # a resume from elsewhere finds the same files
     notes.insert(0, f"preset {args.preset} ({how}); explicit flags override it")
     return args, cfg, notes, resume, lock
+
+
+def unused_flag_notes(args, given):
+    """One line per kind of flag typed but not used by this run: SPT flags without --spt, an
+    objective's flags with another objective, a model knob the chosen model's config lacks."""
+    def named(keys):
+        return ", ".join("--" + k.replace("_", "-") for k in sorted(keys))
+    notes, objective = [], OBJECTIVES[args.objective]
+    spt_only = given & {"objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size",
+                        "pretrain_accum_steps", "pretrain_patience",
+                        *(n for o in OBJECTIVES.values() for n in o.flags)}
+    other_objective = given & {n for o in OBJECTIVES.values() for n in o.flags} - set(objective.flags)
+    if spt_only and not args.spt:
+        notes.append(f"note: {named(spt_only)} only act{'s' * (len(spt_only) == 1)} with --spt: "
+                     f"ignored")
+    elif other_objective:
+        owners = sorted({k for k, o in OBJECTIVES.items() if other_objective & set(o.flags)})
+        notes.append(f"note: {named(other_objective)} belong{'s' * (len(other_objective) == 1)} "
+                     f"to --objective {' / '.join(owners)}, not {args.objective}: ignored")
+    knobs = models.knobs()
+    unused = {k for k in given & set(knobs) if args.model not in knobs[k][2]}
+    if unused:
+        owners = sorted({m for k in unused for m in knobs[k][2]})
+        notes.append(f"note: {named(unused)}: no such field in the {args.model} config (only "
+                     f"{', '.join(owners)}): ignored")
+    return notes
 
 
 def prepare_data(args):
@@ -398,7 +438,7 @@ def main(argv=None):
         run = runs.Run(args, device, folder, meta)
         log(folder, f"run folder: {folder}")
         with runs.stopped_in(folder):               # a stop: one line, the --resume command
-            results = run_both_phases(run, cfg, classifier, data.splits, resume, init_ck)
+            results = run_both_phases(run, classifier, data.splits, resume, init_ck)
         results.update(params=sum(p.numel() for p in classifier.parameters()),
                        n_train=len(data.splits["train"]), data_source=data.source,
                        data_notes=data.notes, preset=args.preset, device=str(device),

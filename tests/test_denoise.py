@@ -264,16 +264,15 @@ def test_rtd_discriminator_loss_covers_every_real_position_and_no_pad():
 
 
 def test_rtd_training_loss_is_the_generator_mean_plus_lambda_times_the_discriminator_mean():
-    # the loss training takes (heads.batch_loss, over rows and micro-batches), against the two means by hand
-    import heads
+    # the loss training takes (the rtd entry's loss, over rows and micro-batches), against the two means by hand
     rtd, (x_masked, lengths, original, mask, u, real) = token_rtd(True), token_batch()
     b = denoise.Batch(x_masked, lengths, original, mask.float(), u, denoise.RTD_WEIGHT)
-    loss = heads.batch_loss(rtd, b)[0]
+    loss = denoise.rtd_batch_loss(rtd, b)[0]
     gen_logits, disc_logits, labels = rtd(x_masked, lengths, original, mask, u)
     l_gen = F.cross_entropy(gen_logits[mask].float(), original[mask])
     l_disc = F.binary_cross_entropy_with_logits(disc_logits[real].float(), labels[real].float())
     torch.testing.assert_close(loss, l_gen + denoise.RTD_WEIGHT * l_disc, msg="loss != L_gen + λ L_disc")
-    halves = sum(heads.batch_loss(rtd, b, rows)[0] for rows in (slice(0, B // 2), slice(B // 2, B)))
+    halves = sum(denoise.rtd_batch_loss(rtd, b, rows)[0] for rows in (slice(0, B // 2), slice(B // 2, B)))
     torch.testing.assert_close(halves, loss, msg="two halves of the rows do not add up to the batch loss")
 
 

@@ -506,19 +506,18 @@ def test_a_non_finite_validation_loss_stops_the_run_and_best_pt_stays_the_last_f
 # ---- flags a run does not use are named (point 5) -----------------------------------------------------------------
 
 @pytest.mark.parametrize("argv, says", [
-    (["--spt", "--objective", "masked", "--span-mean", "4"], "--span-mean (of --objective span) not used by "
-                                                              "--objective masked: ignored"),
-    (["--spt", "--objective", "span", "--rtd-weight", "2", "--no-gdes"], "--gdes (of --objective rtd), --rtd-weight "
-                                                                         "(of --objective rtd) not used by"),
+    (["--spt", "--objective", "masked", "--span-mean", "4"], "--span-mean belongs to --objective span, not masked: "
+                                                              "ignored"),
+    (["--spt", "--objective", "span", "--rtd-weight", "2", "--no-gdes"], "--gdes, --rtd-weight belong to "
+                                                                         "--objective rtd, not span: ignored"),
     (["--span-mean", "4"], "--span-mean only acts with --spt: ignored"),
 ])
 def test_a_flag_the_chosen_objective_does_not_use_is_named_as_ignored(argv, says):
-    import objectives
     args, given, _ = train.parse_flags(argv)
-    notes = objectives.ignored_flags(args, given)
+    notes = train.unused_flag_notes(args, given)
     assert len(notes) == 1 and says in notes[0], notes
     args, given, _ = train.parse_flags(["--spt", "--objective", "span", "--span-mean", "4", "--mask-ratio", "0.2"])
-    assert objectives.ignored_flags(args, given) == [], "the objective's own flags are used"
+    assert train.unused_flag_notes(args, given) == [], "the objective's own flags are used"
 
 
 # ---- a tool overwrites or deletes only its own files (point 1) ----------------------------------------------------

@@ -137,8 +137,7 @@ def test_the_paper_scale_runs_pass_train_py_checks_and_take_the_steps_they_plan(
     for model, task, spt, steps, epochs in plans:
         flags, _, n = gpu_check.run_flags(check, model, task, steps, epochs, check.scale["max_eval"], spt)
         run = train.parse_flags(flags)[0]
-        presets.check(run, presets.apply(run, train.MODELS[model])[0], train.MODELS[model],
-                      train.OBJECTIVES[run.objective])                   # raises on a bad flag
+        presets.check(run, presets.apply(run, train.MODELS[model])[0], train.MODELS[model])   # raises on a bad flag
         assert run.epochs * math.ceil(run.max_train / run.batch_size) == steps, f"{model} {task}: {vars(run)}"
         assert n >= run.max_train / 0.8 and run.preset == "paper" and run.warmup <= steps // 10, vars(run)
         if spt:

@@ -55,7 +55,7 @@ def test_each_concept_file_imports_only_what_its_concept_needs():
     assert GRAPH["s4"] == {"ssm"} and GRAPH["dlr"] == {"ssm"}, "a kernel needs only the shared SSM block"
     assert GRAPH["heads"] == {"denoise", "lra_data"}, GRAPH["heads"]
     assert GRAPH["runs"] <= {"lra.files", "tools.checked"}, "run plumbing knows no model, task or objective"
-    assert GRAPH["objectives"] == {"denoise", "heads", "presets"}, GRAPH["objectives"]
+    assert GRAPH["objectives"] == {"denoise", "heads", "lra_data", "presets"}, GRAPH["objectives"]
     for generator in ("lra.listops", "lra.pathfinder"):                 # generators never import each other
         assert GRAPH[generator] == {"lra.files"}, (generator, GRAPH[generator])
     models = {"transformer", "s4", "dlr"}
@@ -76,15 +76,16 @@ def test_the_readme_reading_order_never_uses_a_file_before_it_is_read():
         assert not unread, f"README: {name}.py (item {i + 1}) imports {sorted(unread)}, read later or not at all"
 
 
-def test_the_readme_file_table_gives_each_file_its_size_to_within_a_tenth():
-    """The table says "≈ 360" lines: a reader's sense of size, which a fork's one-entry edit does not make wrong."""
+def test_the_readme_file_table_gives_each_files_size_to_within_half():
+    """The table says "≈ 360" lines: a reader's sense of size, which stays right when a fork pastes a recipe or two
+    into a file (docs/fork.md), and goes wrong when a file doubles or halves."""
     readme = (REPO / "README.md").read_text()
     rows = [line for line in readme.splitlines() if re.match(r"\| `[\w/]+\.py`", line)]
     assert len(rows) > 10, "README: no file table"
     for row in rows:
         files, count = re.findall(r"`([\w/]+\.py)`", row.split(" | ")[0]), int(row.rstrip(" |").split("|")[-1].strip(" ≈"))
         lines = sum(len((REPO / f).read_text().splitlines()) for f in files)
-        assert abs(lines - count) <= max(20, lines // 10), (
+        assert count / 1.5 - 20 <= lines <= 1.5 * count + 20, (
             f"README's file table: {', '.join(files)} has {lines} lines, the table says about {count}")
 
 

@@ -155,8 +155,10 @@ def test_saved_checkpoint_reloads_to_identical_logits_and_test_accuracy(data_dir
     keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[: ck["args"]["max_eval"]]
     subset = torch.utils.data.Subset(test, keep.sort().values.tolist())
     loader = torch.utils.data.DataLoader(subset, 16, collate_fn=lra_data.collate)
-    prepare = partial(heads.finetune_inputs, task="pathfinder", device=torch.device("cpu"))
-    acc = train.evaluate(model, prepare, loader, 0, contextlib.nullcontext)["acc"]
+    inputs = partial(heads.clean_batch, task="pathfinder", device=torch.device("cpu"))
+    phase = train.Phase("finetune", 1, 0.0, 16, 1, "best.pt", "acc", inputs, heads.classifier_batch,
+                        heads.batch_loss, heads.metrics)
+    acc = train.evaluate(model, phase, loader, 0, contextlib.nullcontext)["acc"]
     assert acc == results["test_acc"], f"reloaded best.pt scores {acc} on test, the run reported {results['test_acc']}"
 
 

@@ -25,6 +25,7 @@ import denoise
 import heads
 import lra_data
 import models
+import objectives
 
 PRECISIONS, PHASES = ["fp32", "bf16"], ["finetune", "spt"]
 GPU_GIB, HEADROOM = 80, 0.9   # fits = estimate ≤ 90 % of an 80 GB card (80 GiB); the 10 % are for what the estimate
@@ -129,9 +130,11 @@ def training_case(model_name, task, values, phase, B, L):
     take the padded path (lengths given, all real: the larger case), pixel tasks are never padded (lengths None).
     Retrieval: two documents per example, so 2·B sequences."""
     spec, cfg, n_out = lra_data.TASKS[task], models.model_config(model_name, task, values), heads.n_outputs(task)
-    head = (dict(kind="denoise", n_out=n_out) if phase == "spt" else
+    default = next(iter(objectives.OBJECTIVES))                  # --objective's default, the paper's
+    flags = {k: f.default for k, f in objectives.OBJECTIVES[default].flags.items()}
+    head = (objectives.spt_head(default, flags) if phase == "spt" else
             dict(kind="classifier", n_classes=spec.n_classes, pool=spec.pool, pair=spec.pair))
-    meta = dict(model_name=model_name, config=dataclasses.asdict(cfg), head=head)
+    meta = dict(model_name=model_name, task=task, config=dataclasses.asdict(cfg), head=head)
 
     def forward(model):
         device, rows = next(model.parameters()).device, 2 * B if spec.pair else B
