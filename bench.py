@@ -48,7 +48,7 @@ from pathlib import Path  # noqa: E402
 import lra_data  # noqa: E402
 from presets import at_least, in_range  # noqa: E402  (train.py's flag types)
 from steps import check_device  # noqa: E402
-from tools import memory, speed  # noqa: E402
+from tools import checked, memory, speed  # noqa: E402
 from tools.memory import device_type  # noqa: E402
 
 PRESETS = ["tiny", "small", "paper"]
@@ -118,6 +118,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     for key, value in (speed.QUICK if args.quick else speed.FULL).items():
         setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
+    if len(set(args.lengths)) < len(args.lengths):
+        fail(f"--lengths {' '.join(map(str, args.lengths))}: each length once (a repeated length "
+             f"measures nothing new, and the fit of time against L needs distinct lengths)")
     check_args(args)
     args.check_scale = args.check_scale or (
         "paper" if device_type(args.device) == "cuda" else "tiny")
@@ -142,6 +145,16 @@ def check_args(args):
             fail(f"{name} {path} is a {'file' if is_folder else 'folder'}: pass a "
                  f"{'folder' if is_folder else 'file name, e.g. runs/bench.json'}")
         writable_or_fail(name, path if is_folder else path.parent)
+    if not args.gpu_check:                          # the JSON and the markdown: two paths, both ours
+        out = Path(args.out)
+        if out.with_suffix(".md") == out:
+            fail(f"--out {out}: the JSON results go there and the markdown tables next to it "
+                 f"(.md); pass a .json name, e.g. {out.with_suffix('.json')}")
+        for path in (out, out.with_suffix(".md")):
+            if not checked.owned(path):
+                fail(f"--out {args.out}: {path} exists and bench.py did not write it (it is not "
+                     f"in {path.parent / checked.MANIFEST}); it is left untouched: move it away "
+                     f"or pass another --out")
 
 
 def writable_or_fail(name, folder):
@@ -188,8 +201,14 @@ def main(argv=None):
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
-    out.with_suffix(".md").write_text(text + "\n")
+    try:
+        checked.write_owned(out, json.dumps(res, indent=1), "bench.py")
+        checked.write_owned(out.with_suffix(".md"), text + "\n", "bench.py")
+    except checked.NotOwned as e:                   # made by someone while we measured
+        fail(str(e))
+    except OSError as e:
+        fail(f"cannot write {out} ({e.strerror or e}): {checked.write_advice(e)}; the results "
+             f"are printed above")
     return res
 
 

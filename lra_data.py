@@ -33,6 +33,7 @@ from lra.cache import cache_root
 from lra.files import EOS, MASK, N_SPECIAL, PAD, DataError, plural  # noqa: F401  (MASK: heads.py's)
 from lra.listops import LISTOPS_SYMBOLS
 from lra.pathfinder import DIFFICULTIES, measure_speed
+from tools.checked import open_lock
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ def load(task, split, files="data", *, keep=None, data_fraction=1.0, lra_val=Fal
                                                files.workers)
     name = f"{task}-{difficulty}" if task in PATHFINDER_TASKS else task
     store = cache_root(data_dir, files.cache_dir) / (
-        f"{name}-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:10]}")
+        f"{name}-{hashlib.sha1(os.fsencode(src.resolve())).hexdigest()[:10]}")
     need = len(paths) * TASKS[task].max_len if task in PATHFINDER_TASKS else None  # PathX: 3.3 GB
     sizes, notes = lra_cache.cached(store, src.resolve(), lra_cache.stamp(src, paths), build, need)
     notes = notes + sources.count_note(task, src, sizes, generate, difficulty)
@@ -275,7 +276,12 @@ def file_lock(path):
     if fcntl is None:
         yield
         return
-    with open(path, "a") as f:
+    try:        # another user's lock (mode 644) is opened read-only: flock needs no write access
+        f = open_lock(path)
+    except OSError as e:
+        raise DataError(f"cannot open the lock file {path} ({e.strerror or e}; another user's?): "
+                        f"make it writable, or delete it") from None
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
@@ -286,15 +292,42 @@ def load_splits(args):
     generated and cached under a file lock per data folder, so the processes of a DDP run (or two
     runs) prepare the data once and wait, never on a collective's timeout. Raises DataError (one
     line)."""
-    digest = hashlib.sha1(str(Path(args.data_dir).resolve()).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(os.fsencode(Path(args.data_dir).resolve())).hexdigest()[:12]
     # the other processes wait here
     with file_lock(Path(tempfile.gettempdir()) / f"lra-prepare-{digest}.lock"):
         files = Files(args.data_dir, args.cache_dir, args.difficulty, args.generate or None,
                       workers=os.cpu_count() or 1, max_len=args.max_len)
-        return {split: load(args.task, split, files, lra_val=args.lra_val,
-                            keep=args.max_train if split == "train" else args.max_eval,
-                            data_fraction=args.data_fraction)
-                for split in ("train", "val", "test")}
+        splits = {split: load(args.task, split, files, lra_val=args.lra_val,
+                              keep=args.max_train if split == "train" else args.max_eval,
+                              data_fraction=args.data_fraction)
+                  for split in ("train", "val", "test")}
+    check_classes(splits["train"], args.task)
+    return splits
+
+
+def fingerprint(splits):
+    """A digest of what the train/val/test splits hold, not where: each split's size and labels
+    and up to 16 of its examples spread over it. A resume that reads the data from another folder
+    compares it with the run's (runs.run_folder)."""
+    digest = hashlib.sha1()
+    for name in ("train", "val", "test"):
+        ds = splits[name]
+        digest.update(f"{name} {len(ds)} ".encode() + np.asarray(ds.labels, np.int64).tobytes())
+        for i in np.linspace(0, len(ds) - 1, min(16, len(ds))).astype(int):
+            digest.update(ds[int(i)][0].numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def check_classes(train, task):
+    """DataError (one line) when the training split cannot teach the task's classes: fewer
+    examples than classes, or all of one class (e.g. a tiny --data-fraction or --max-train)."""
+    n, classes, seen = len(train), TASKS[task].n_classes, np.unique(train.labels)
+    if n < classes or len(seen) < 2:
+        what = (f"{plural(n, 'example')} for {classes} classes" if n < classes
+                else f"{plural(n, 'example')}, all of class {seen[0]}")
+        raise DataError(f"{task}: the train split keeps {what} (after --data-fraction and "
+                        f"--max-train): a classifier cannot learn from that; keep at least "
+                        f"{classes} examples of two classes or more")
 
 
 def _cut_count(store, part, index, max_len, pair):
@@ -307,15 +340,16 @@ def _cut_count(store, part, index, max_len, pair):
 
 def main(argv=None):
     import runs                                    # the command line's plumbing only
+    from tools import checked
     p = argparse.ArgumentParser(description="Read (or generate) one LRA task and cache it; prints "
                                             "source, sizes, label balance and notes on what was "
                                             "skipped or cut.")
     p.add_argument("--task", choices=TASKS, default="pathfinder", help=", ".join(TASKS))
     p.add_argument("--data-dir", default="data",
                    help="downloads: lra_release/ unpacked, aclImdb, CIFAR-10")
-    p.add_argument("--generate", type=int, default=None,
+    p.add_argument("--generate", type=checked.at_least(10), default=None,
                    help="synthetic tasks: N examples if missing")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=checked.at_least(1), default=1,
                    help="processes for reading or generating images")
     p.add_argument("--cache-dir", default=None,
                    help="default: <data-dir>/cache if writable, else ./data/cache")
@@ -328,13 +362,10 @@ def main(argv=None):
     p.add_argument("--check", action="store_true",
                    help="every task: what --data-dir holds against the LRA release's split sizes, "
                         "what is missing or misplaced, what to do; exit 0 if all found is complete, else 2")
-    p.error = lambda message: (print(f"lra_data.py: error: {message} (python lra_data.py --help "
-                                     f"lists the flags)", file=sys.stderr), sys.exit(2))
+    p.error = lambda message: (print(f"lra_data.py: error: {checked.flag_message(message)} (python "
+                                     f"lra_data.py --help lists the flags)", file=sys.stderr),
+                               sys.exit(2))
     args = p.parse_args(argv)
-    if args.generate is not None and args.generate < 10:
-        p.error(f"--generate {args.generate} must be at least 10")
-    if args.workers < 1:
-        p.error(f"--workers {args.workers} must be at least 1")
     for flag, path in (("--data-dir", args.data_dir), ("--cache-dir", args.cache_dir)):
         if path and Path(path).exists() and not Path(path).is_dir():
             p.error(f"{flag} {path} is a file, not a folder")
@@ -354,6 +385,7 @@ def main(argv=None):
               f"on {os.cpu_count()} CPUs")
         return 0
     runs.stop_on_sigterm()                      # the run plumbing's: a SIGTERM is a Ctrl-C
+    checked.console_as_os_bytes()          # a path of any bytes prints as the OS gave it
     files = Files(args.data_dir, args.cache_dir, args.difficulty, args.generate, args.workers)
     try:
         for split in ("train", "val", "test"):

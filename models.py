@@ -128,10 +128,13 @@ def main(argv=None):
     import sys
     from pathlib import Path
 
+    from tools import checked
+
     p = argparse.ArgumentParser(description="Print every --preset paper value and its source "
                                             "(markdown).")
     p.add_argument("--out", default=None, help="write the table here instead of printing it")
-    p.error = lambda m: (print(f"models.py: error: {m}", file=sys.stderr), sys.exit(2))
+    p.error = lambda m: (print(f"models.py: error: {checked.flag_message(m)}", file=sys.stderr),
+                         sys.exit(2))
     args = p.parse_args(argv)
     if args.out and Path(args.out).is_dir():
         p.error(f"--out {args.out} is a folder: pass a file name, e.g. results/paper_presets.md")
@@ -140,8 +143,11 @@ def main(argv=None):
                       "(tests/test_paper_presets.py checks that it is current). Sizes: "
                       "docs/presets.md.", "",
                       *presets.paper_table(MODELS)])
+    if args.out and not checked.owned(args.out):         # a file of the user's: never overwritten
+        p.error(f"--out {args.out} exists and models.py did not write it (it is not in "
+                f"{Path(args.out).parent / checked.MANIFEST}): it is left untouched; pass another name")
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        checked.write_owned(args.out, text + "\n", "models.py")
     else:
         print(text)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 import lra_data
+from tools.checked import at_least, flag_message, in_range, number, seed  # noqa: F401  (the flags)
 
 # ---- paper: model sizes --------------------------------------------------------------------------
 
@@ -238,28 +239,6 @@ def model_config(Config, task, values, causal=False):
     return Config(**{k: v for k, v in kw.items() if k in fields})
 
 
-# ---- one flag's own range: the argparse types of train.parse_flags and objectives.OBJECTIVES ---
-
-def flag_message(message):
-    """argparse's "argument --lr: 0.0 must be > 0" as "--lr 0.0 must be > 0"."""
-    return re.sub(r"^argument ([-\w/]+): ", r"\1 ", message)
-
-
-def number(kind, ok, rule):
-    """An argparse type: text -> kind, checked by ok(value), else the one-line "<value> <rule>"."""
-    def check(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not {'an integer' if kind is int else 'a number'}")
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"{value:g} {rule}")
-        return value
-    check.rule = rule                       # --help prints it (FlagHelp)
-    return check
-
-
 # the flags whose None default a preset fills in (--help says so)
 PRESET_DECIDES = {"pretrain_batch_size", *cpu_values("tiny", "dlr", "pathfinder")}
 EPILOG = """examples:
@@ -286,20 +265,6 @@ class FlagHelp(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHe
         default = ("off" if action.default is False and action.nargs == 0 else "%(default)s"
                    if action.default is not None else "the preset's" if preset_decides else "none")
         return f"{text} (default: {default}{f'; {rule}' if rule else ''})"
-
-
-def at_least(low):
-    """An argparse type: an integer ≥ low."""
-    return number(int, lambda v: v >= low, f"must be at least {low}")
-
-
-def in_range(low, high, open_low=False, open_high=False):
-    """An argparse type: a number in [low, high], ( or ) where open."""
-    ok = lambda v: ((low < v if open_low else low <= v)  # noqa: E731
-                    and (v < high if open_high else v <= high))
-    return number(float, ok, f"must be in {'(' if open_low else '['}{low:g}, {high:g}"
-                  f"{')' if open_high else ']'}" if high != float("inf")
-                  else f"must be {'>' if open_low else '>='} {low:g}")
 
 
 # ---- one merge of preset and flags; the checks of several flags at once --------------------------

@@ -6,16 +6,15 @@ resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stop
              exactly; a lock keeps one writer per folder; a finished, damaged or incompatible run
              is refused in one line
 stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line: where, the --resume command
-(a step on the hardware, DDP, --device and --precision, the loaders: steps.py)
-Check: tests/test_robustness.py (DDP equals one process, exact resume, locks, damaged checkpoints), test_faults.py.
+(a step on the hardware, DDP, --device and --precision, the loaders: steps.py) Check: tests/test_robustness.py,
+test_faults.py (DDP equals one process, exact resume, locks, damaged checkpoints, full disks, moved data)
 """
 import argparse
 import contextlib
 import dataclasses
-import errno
-import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lra.files import free_space   # the one '12.3 GB free' (the data generators' too)
+from tools import checked
 
 try:
     import fcntl  # POSIX file locks; absent on Windows
@@ -48,12 +47,17 @@ def fail(message):
     raise SystemExit(2)
 
 
+class WriteFailed(SystemExit):  # cannot_write's exit: a new run folder with no checkpoint goes too
+    pass
+
+
 def cannot_write(path, error):
     """The one line for a write that failed: the path, why, the space left there, what to do."""
-    denied = getattr(error, "errno", None) in (errno.EACCES, errno.EPERM, errno.EROFS)  # not a full disk
-    fail(f"cannot write {path} ({error.strerror or error}; {free_space(path)}): "
-         f"{'make it writable' if denied else 'free some space'} or pass another --out / --cache-dir; "
-         f"the files written before are intact")
+    with contextlib.suppress(SystemExit):
+        fail(f"cannot write {path} ({error.strerror or error}; {checked.free_space(path)}): "
+             f"{checked.write_advice(error)} or pass another --out / --cache-dir; the files "
+             f"written before are intact")
+    raise WriteFailed(2)
 
 
 def write_whole(path, write):
@@ -66,10 +70,10 @@ def write_whole(path, write):
         os.replace(tmp, path)
     except BaseException as e:                      # also Ctrl-C halfway through torch.save
         tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) or isinstance(getattr(e, "__cause__", None), OSError):
-            cannot_write(path, e if isinstance(e, OSError) else e.__cause__)
-        # torch's zip writer wraps the OSError
-        if isinstance(e, RuntimeError) and "write" in str(e).lower():
+        causes = [e, e.__cause__, e.__context__]    # torch's zip writer raises its own error on ours
+        if cause := next((c for c in causes if isinstance(c, OSError)), None):
+            cannot_write(path, cause)
+        if isinstance(e, RuntimeError) and "inline_container" in str(e):
             cannot_write(path, OSError(28, str(e).splitlines()[0]))
         raise
 
@@ -95,7 +99,7 @@ def append_line(path, text):
             if f.tell() > 0:
                 f.seek(-1, os.SEEK_END)
                 cut = f.read(1) != b"\n"
-            f.write(b"\n" * cut + text.encode() + b"\n")
+            f.write(b"\n" * cut + text.encode(errors="surrogateescape") + b"\n")  # a path: OS bytes
     except OSError as e:
         cannot_write(path, e)
 
@@ -166,7 +170,7 @@ def hold_lock(folder):
     if fcntl is None or rank() > 0:
         return None
     try:
-        f = open(Path(folder) / ".lock", "a")
+        f = checked.open_lock(Path(folder) / ".lock")   # another user's: read-only, flock needs no more
     except OSError as e:                            # read-only, another user's, a full disk
         cannot_write(Path(folder) / ".lock", e)
     try:
@@ -221,6 +225,7 @@ class Data:
     source: str                     # where the examples came from (read or generated)
     notes: list                     # what reading them skipped, cut or found, one line each
     seconds: float
+    fingerprint: str = ""           # the examples themselves, not their path (a resume's data check)
 
 
 @dataclasses.dataclass
@@ -264,6 +269,7 @@ def run_meta(meta, args, argv, data, device):
     """config.json: the model's description, all settings, and what else the numbers depend on."""
     return dict(meta, preset=args.preset, device=str(device), torch=torch.__version__,
                 git=git_commit(), data_source=data.source, data_notes=data.notes,
+                data_fingerprint=data.fingerprint,
                 machine=machine(device), command=sys.argv if argv is None else ["train.py", *argv],
                 deterministic={"algorithms": torch.are_deterministic_algorithms_enabled(),
                                "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")})
@@ -276,60 +282,14 @@ def absolute_paths(args):
             setattr(args, key, str(Path(getattr(args, key)).resolve()))
 
 
-def evaluation_log(phase, epoch, step, lr, metrics):
-    """One evaluation's (line for log.txt, record for log.jsonl). metrics: {"train": metrics
-    since the last evaluation, "val": validation metrics, "improved": bool, "seconds": phase time
-    so far}."""
-    train, val = metrics["train"], metrics["val"]
-    m = "r2" if "r2" in val else "acc"
-    line = (f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | "
-            f"train_loss {train['loss']:.4f} {m} {train[m]:.4f} | val_loss {val['loss']:.4f} "
-            f"val_{m} {val[m]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | "
-            f"{metrics['seconds']:.0f} s")
-    return line, {"phase": phase.name, "epoch": epoch, "step": step,
-                  **{f"train_{k}": v for k, v in train.items()},
-                  **{f"val_{k}": v for k, v in val.items()}, "lr": lr,
-                  "elapsed_s": metrics["seconds"]}
-
-
-def write_predictions(folder, split, predicted):
-    """test_predictions.json: the test labels and the best checkpoint's predictions, one digit per
-    example in split order (a digest of its index into the cached part says which examples), so two
-    runs on one split compare example by example (results/stats.py: McNemar). DDP: every process's
-    rows, gathered (one writes). ~2 bytes per example (Text, 25,000 reviews: 50 KB)."""
-    rows = torch.cat(predicted).cpu() if predicted else torch.zeros(0, dtype=torch.long)
-    if dist.is_initialized():                       # each process scored its rows of every batch
-        parts = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, [p.cpu() for p in predicted])
-        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])  # batch by batch, rank by rank
-    labels = [int(y) for y in split.labels]
-    if rank() > 0:
-        return
-    if len(rows) != len(labels) or max(labels + rows.tolist(), default=0) > 9:
-        print(f"note: no test_predictions.json: {len(rows)} predictions of {len(labels)} examples, "
-              f"or over 10 classes (one digit an example)", flush=True)
-        return
-    index = hashlib.sha1(",".join(map(str, map(int, split.index))).encode()).hexdigest()
-    text = json.dumps({"split": "test", "n": len(labels), "index_sha1": index,
-                       "labels": "".join(map(str, labels)), "predictions": "".join(map(str, rows.tolist()))})
-    write_whole(folder / "test_predictions.json", lambda tmp: tmp.write_text(text + "\n"))
-
-
-def write_results(folder, results):
-    """results.json (rank 0) and the last log line."""
-    if rank() == 0:
-        write_whole(folder / "results.json", lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
-    seconds = results["wall_time_s"]
-    phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
-    log(folder, f"done in {seconds['total'] / 60:.1f} min ({phases}): {folder}",
-        {"phase": "done", "wall_time_s": seconds})
-
-
 # ---- checkpoints and resume ----------------------------------------------------------------------
 
 def save_checkpoint(path, state):
     """A plain dict via write_whole: a kill or full disk mid-write leaves the old file intact."""
-    write_whole(path, lambda tmp: torch.save(state, tmp))
+    def save(tmp):                  # through a Python file: a path of any bytes (torch's own takes UTF-8 only)
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+    write_whole(path, save)
 
 
 def save_evaluation(folder, best_file, state):
@@ -352,14 +312,16 @@ def catch_up_log(folder, ck):
         return
     for name, text in (("log.txt", ck["log"][0]), ("log.jsonl", json.dumps(ck["log"][1]))):
         path = folder / name
-        if not path.is_file() or text not in path.read_text().splitlines():
+        # a line cut inside a character reads as U+FFFD, never a UnicodeDecodeError
+        if not path.is_file() or text not in checked.read_text(path, "").splitlines():
             append_line(path, text)
 
 
 def read_checkpoint(path, device="cpu"):
     """torch.load of a train.py checkpoint; ValueError (one line) if empty, truncated or not one."""
     try:
-        ck = torch.load(path, map_location=device, weights_only=True)
+        with open(path, "rb") as f:                 # a Python file: a path of any bytes, as the OS gave it
+            ck = torch.load(f, map_location=device, weights_only=True)
     except Exception as e:                          # truncated, empty, garbage, not plain data
         raise ValueError(
             f"{path} is damaged or not a train.py checkpoint ({type(e).__name__})") from None
@@ -371,16 +333,15 @@ def read_checkpoint(path, device="cpu"):
 
 def read_config(folder):
     """A run folder's config.json (resume_settings has checked it is there); one line if damaged."""
-    path = Path(folder) / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        fail(f"--resume {folder}: {path} is damaged ({type(e).__name__}: {str(e)[:80]}); "
-             f"the run cannot be checked against its settings: start a new run")
+    try:        # missing, unreadable, cut or no settings: Damaged
+        return checked.read_json(Path(folder) / "config.json", "the run cannot be checked against "
+                                 "its settings: start a new run", needs=["args"])
+    except checked.Damaged as e:
+        fail(f"--resume {folder}: {e}")
 
 
-# settings a resumed run may take from the new command line
-RESUME_MAY_CHANGE = {"resume", "device", "workers"}
+# settings a resumed run may take from the new command line (the data paths: if the data is the same)
+RESUME_MAY_CHANGE = {"resume", "device", "workers", "data_dir", "cache_dir"}
 PATH_FLAGS = {"data_dir", "cache_dir", "out", "init_from"}
 
 
@@ -420,7 +381,7 @@ def resume_checks(args, given, defaults, folder, finished):
     if changed:                                     # finished or not: e.g. --epochs 20
         fail(f"--resume {folder}{' has finished (results.json is there);' if finished() else ':'} "
              f"a run continues with its own settings; {flags} cannot change (only --device, "
-             f"--workers); start a new run{seed_it}")
+             f"--workers, and --data-dir / --cache-dir for the same data); start a new run{seed_it}")
     if finished():
         print(f"train.py: {folder} has finished (results.json is there); nothing to resume, "
               f"nothing changed")
@@ -452,10 +413,38 @@ def resume_checks(args, given, defaults, folder, finished):
         fail(f"--resume {folder}: it ran on {ck.get('device_type', 'cpu')}; resume it there "
              f"(its mask generator and RNG states belong to that device type; "
              f"--device may pick another device of that type)")
+    check_resumable(folder, config, ck, seed_it)
     ck["commit"] = config.get("git", "unknown")
     saved = {**defaults, **ck["args"]}  # flags newer than the checkpoint: their defaults
     saved["pretrain_batch_size"] = saved.get("pretrain_batch_size") or saved["batch_size"]
-    return argparse.Namespace(**{**saved, **{k: getattr(args, k) for k in RESUME_MAY_CHANGE}}), ck
+    paths = {k for k in ("data_dir", "cache_dir") if k in given}    # moved data: checked in run_folder
+    if "data_dir" not in paths and not Path(saved["data_dir"]).is_dir():
+        fail(f"--resume {folder}: its data folder {saved['data_dir']} is gone; if it moved, add "
+             f"--data-dir <where it is now> (checked to hold the same data)")
+    keep = {k: getattr(args, k) for k in RESUME_MAY_CHANGE - {"data_dir", "cache_dir"} | paths}
+    return argparse.Namespace(**{**saved, **keep}), ck
+
+
+def check_resumable(folder, config, ck, seed_it):
+    """Before any training: last.pt is of the run config.json describes (model, task, sizes), and
+    the checkpoint the rest of the run reads, spt.pt (SPT's best: fine-tuning starts from it) or
+    best.pt (fine-tuning's best: the test reads it), is this run's. Else one line, status 2."""
+    plain = lambda c: [c.get("phase"), c.get("epoch"), json.loads(json.dumps(c["config"]))]  # noqa
+    if [ck["model_name"], ck["task"], plain(ck)[2]] != [config.get(k) for k in ("model_name",
+                                                                                "task", "config")]:
+        fail(f"--resume {folder}: its last.pt ({ck['model_name']} on {ck['task']}) is not of the "
+             f"run config.json describes ({config.get('model_name')} on {config.get('task')}, "
+             f"its sizes): the folder mixes two runs; start a new run")
+    name, best = "spt.pt" if ck["phase"] == "spt" else "best.pt", None
+    with contextlib.suppress(ValueError):
+        best = read_checkpoint(folder / name)
+    if ck["best"]["epoch"] and (not best or plain(best) != [ck["phase"], ck["best"]["epoch"],
+                                                            plain(ck)[2]]):
+        what = f"of {best.get('phase')} epoch {best.get('epoch')}" if best else \
+            "damaged" if (folder / name).exists() else "missing"
+        fail(f"--resume {folder}: {name} ({ck['phase']} epoch {ck['best']['epoch']}'s best, which "
+             f"{'fine-tuning starts from' if name == 'spt.pt' else 'the test reads'}) is {what}: "
+             f"the run could not finish; start a new run{seed_it}")
 
 
 @contextlib.contextmanager
@@ -467,6 +456,15 @@ def run_folder(args, meta, lines, lock=None):
     world = dist.get_world_size() if dist.is_initialized() else 1
     if args.resume:
         folder = Path(args.resume)
+        saved = read_config(folder)
+        was, moved = saved.get("data_fingerprint"), saved["args"]["data_dir"] != args.data_dir
+        if was != meta["data_fingerprint"] and (was or moved):     # moved, or changed in place
+            why = "its sizes, labels or examples differ" if was else "config.json has no record"
+            release_lock(lock)
+            fail(f"--resume {folder}: the data at {args.data_dir} cannot be shown to be the data "
+                 f"this run trained on ({why}); pass the --data-dir that holds that data")
+        lines = [f"data: the run's own data (sizes, labels, examples compared), now at "
+                 f"{args.data_dir}"] * moved + lines
     else:
         kind = "spt" if args.spt else ("init" if args.init_from else "tfs")
         folder = Path(args.out) / (f"{args.task}-{args.model}-{kind}-s{args.seed}-"
@@ -486,10 +484,16 @@ def run_folder(args, meta, lines, lock=None):
             fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); "
                  f"pass a writable folder")
         lock = hold_lock(folder)
-        write_whole(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
     try:
+        if rank() == 0 and not args.resume:
+            write_whole(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))
         for line in lines:
             log(folder, line)
         yield folder
+    except WriteFailed:     # a full disk before the first checkpoint: no stub of a run folder is left
+        if rank() == 0 and not args.resume and not list(folder.glob("*.pt")):
+            release_lock(lock)
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
     finally:
         release_lock(lock)                          # a run's own lock goes with the run

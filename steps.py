@@ -13,6 +13,8 @@ Check: tests/test_robustness.py (2 and 3 processes equal 1, accumulation equals 
 reads per step).
 """
 import contextlib
+import hashlib
+import json
 import math
 import os
 import sys
@@ -26,6 +28,7 @@ import torch.nn as nn
 from tqdm import tqdm
 
 import lra_data
+import runs
 from runs import fail
 from ssm import set_tf32
 
@@ -402,6 +405,73 @@ def check_finite(state, phase):
     raise SystemExit(f"train.py: {phase} step {int(step)}: non-finite loss or gradient, first "
                      f"non-finite: {bad}; the update was skipped, checkpoints so far are intact "
                      f"(try a lower --lr / --pretrain-lr)")
+
+
+def check_finite_eval(phase, epoch, val, best):
+    """Stop in one line (status 2) at an evaluation whose validation loss is not finite: such a model
+    never becomes the phase's best checkpoint (phase.best_file keeps the last finite one) nor
+    last.pt. best: the phase's best so far ({"epoch": 0} before any)."""
+    if math.isfinite(val["loss"]):
+        return
+    kept = (f"{phase.best_file} holds epoch {best['epoch']}, the last finite evaluation" if best["epoch"]
+            else f"no {phase.best_file} was written")
+    lr = "--pretrain-lr" if phase.name == "spt" else "--lr"
+    fail(f"{phase.name} epoch {epoch}: validation loss {val['loss']} is not finite (the first "
+         f"non-finite evaluation); {kept}; start again with a lower {lr}")
+
+
+# ---- what an evaluation logs and a run writes last (runs.write_whole) ----------------------
+
+def evaluation_log(phase, epoch, step, lr, metrics):
+    """One evaluation's (line for log.txt, record for log.jsonl). metrics: {"train": metrics
+    since the last evaluation, "val": validation metrics, "improved": bool, "seconds": phase time
+    so far}."""
+    train, val = metrics["train"], metrics["val"]
+    m = "r2" if "r2" in val else "acc"
+    line = (f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | "
+            f"train_loss {train['loss']:.4f} {m} {train[m]:.4f} | val_loss {val['loss']:.4f} "
+            f"val_{m} {val[m]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | "
+            f"{metrics['seconds']:.0f} s")
+    return line, {"phase": phase.name, "epoch": epoch, "step": step,
+                  **{f"train_{k}": v for k, v in train.items()},
+                  **{f"val_{k}": v for k, v in val.items()}, "lr": lr,
+                  "elapsed_s": metrics["seconds"]}
+
+
+def write_predictions(folder, split, predicted):
+    """test_predictions.json: the test labels and the best checkpoint's predictions, one digit per
+    example in split order (a digest of its index into the cached part says which examples), so two
+    runs on one split compare example by example (results/stats.py: McNemar). DDP: every process's
+    rows, gathered (one writes). ~2 bytes per example (Text, 25,000 reviews: 50 KB)."""
+    rows = torch.cat(predicted).cpu() if predicted else torch.zeros(0, dtype=torch.long)
+    if dist.is_initialized():                       # each process scored its rows of every batch
+        parts = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, [p.cpu() for p in predicted])
+        # batch by batch, rank by rank: in order
+        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])
+    labels = [int(y) for y in split.labels]
+    if runs.rank() > 0:
+        return
+    if len(rows) != len(labels) or max(labels + rows.tolist(), default=0) > 9:
+        print(f"note: no test_predictions.json: {len(rows)} predictions of {len(labels)} examples, "
+              f"or over 10 classes (one digit an example)", flush=True)
+        return
+    index = hashlib.sha1(",".join(map(str, map(int, split.index))).encode()).hexdigest()
+    text = json.dumps({"split": "test", "n": len(labels), "index_sha1": index,
+                       "labels": "".join(map(str, labels)),
+                       "predictions": "".join(map(str, rows.tolist()))})
+    runs.write_whole(folder / "test_predictions.json", lambda tmp: tmp.write_text(text + "\n"))
+
+
+def write_results(folder, results):
+    """results.json (rank 0) and the last log line."""
+    if runs.rank() == 0:
+        runs.write_whole(folder / "results.json",
+                         lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
+    seconds = results["wall_time_s"]
+    phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
+    runs.log(folder, f"done in {seconds['total'] / 60:.1f} min ({phases}): {folder}",
+             {"phase": "done", "wall_time_s": seconds})
 
 
 # ---- the optimiser's groups and schedule --------------------------------------------------

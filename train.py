@@ -41,7 +41,7 @@ from models import MODELS, build_model, load_model  # noqa: E402, F401  (load_mo
 from objectives import OBJECTIVES  # noqa: E402
 from presets import at_least, in_range  # noqa: E402
 from runs import fail, log  # noqa: E402
-from tools import curves, loggers  # noqa: E402
+from tools import checked, curves, loggers  # noqa: E402
 
 
 # ---- every flag, once ------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def parse_flags(argv):
     flag("--max-train", type=count, default=None, help="at most this many train examples")
     flag("--max-eval", type=count, default=None, help="at most this many val / test examples")
     flag("--workers", type=count, default=None, help="DataLoader workers (default: CPU 0, CUDA 8)")
-    flag("--seed", type=int, default=0, help="model init; batch order seed+1, masks seed+2")
+    flag("--seed", type=presets.seed(), default=0, help="model init; batch order seed+1, masks seed+2")
     flag("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if there)")
     flag("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None,
          help="default: bf16 or fp16 on CUDA, fp32 on CPU (docs/gpu.md)")
@@ -181,6 +181,7 @@ def run_phase(phase, model, run, splits, resume=None):
             continue                                        # evaluate every k-th epoch and the last
         with runs.stopping_at(f"{phase.name} epoch {epoch}/{phase.epochs}, evaluation"):
             val = evaluate(state.forward, phase, val_batches, args.seed + 3, state.amp)
+            steps.check_finite_eval(phase, epoch, val, best)    # never a non-finite best or last
             improved = best["epoch"] == 0 or score(val) > score(best["val"])
             if improved:
                 best = {"name": f"val_{phase.select}", "value": val[phase.select], "epoch": epoch,
@@ -188,7 +189,7 @@ def run_phase(phase, model, run, splits, resume=None):
             seconds = before + time.time() - start
             metrics = dict(train=phase.metrics(steps.all_sum(since_eval)), val=val,
                            improved=improved, seconds=seconds)
-            entry = runs.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"],
+            entry = steps.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"],
                                         metrics)                    # (line, record)
             saved = {**run.meta, **state.saved(), "phase": phase.name, "epoch": epoch,
                      "best": best, "seconds": seconds, "log": entry}
@@ -302,7 +303,7 @@ def test(classifier, run, splits, phase):
         batches, predicted = steps.loader(splits["test"], args.batch_size, args, run.device), []
         amp = steps.precision(args, run.device)[1]
         result = evaluate(classifier, phase, batches, args.seed + 3, amp, predicted)
-        runs.write_predictions(run.folder, splits["test"], predicted)
+        steps.write_predictions(run.folder, splits["test"], predicted)
     return result
 
 
@@ -401,7 +402,8 @@ def prepare_data(args):
         except lra_data.DataError as e:
             fail(str(e))
     notes = list(dict.fromkeys(n for s in splits.values() for n in s.notes))   # each note once
-    return runs.Data(splits, splits["train"].source, notes, time.time() - start)
+    return runs.Data(splits, splits["train"].source, notes, time.time() - start,
+                     lra_data.fingerprint(splits))
 
 
 def build(args, cfg, device, resume):
@@ -424,6 +426,7 @@ def build(args, cfg, device, resume):
 
 def main(argv=None):
     runs.stop_on_sigterm()                          # a scheduler's SIGTERM is a Ctrl-C
+    checked.console_as_os_bytes()                   # a path of any bytes prints as the OS gave it
     args, cfg, notes, resume, lock = settle(argv)
     device, world = steps.setup_device(args)        # also --precision and --workers
     data = prepare_data(args)                       # before any collective (DDP start-up)
@@ -451,7 +454,7 @@ def main(argv=None):
                        processes=world, machine=runs.machine(device), run_dir=str(folder))
         seconds = {"data": data.seconds, **results["wall_time_s"]}
         results["wall_time_s"] = {**seconds, "total": sum(seconds.values())}   # all the phases
-        runs.write_results(folder, results)
+        steps.write_results(folder, results)
         if not args.no_curves and runs.rank() == 0:
             curves.after_run(folder, partial(log, folder))            # curves.png
     if world > 1:   # free the DDP wrappers (reference cycles) first: else gloo threads can outlive

@@ -2,7 +2,8 @@
 layout: <cache_dir>/<task>[-<difficulty>]-<hash of source path>/{meta.json, <part>.y.npy (labels, int64), and
         <part>.x.npy (pixels: (n, L) uint8, written block by block) or <part>.tok (uint16 ids, all documents back to
         back) + <part>.off.npy (where each document starts, (n_docs + 1,) int64)}
-valid:  meta.json's stamp = (relative path, size, mtime) of every source file read; a build runs in a private folder
+valid:  meta.json's stamp = (relative path, size, mtime) of every source file read, and the arrays it lists are there
+        at their sizes (else the cache is rebuilt, never trusted); a build runs in a private folder
         that then replaces the store, so a crash or a second process never leaves half a cache
 check:  stamp, reuse, rebuild, failed builds, read-only data -> tests/test_lra_cache.py (through load: test_lra_data)
 """
@@ -17,9 +18,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from lra.files import DataError, free_space, process_alive
+from lra.files import DataError, free_space, process_alive, write_advice
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3    # 3: meta.json lists the arrays and their sizes (damaged)
 
 
 def writable(folder):
@@ -52,7 +53,8 @@ def stamp(src, files):
             size, mtime = st.st_size, st.st_mtime_ns
         except OSError:                          # missing: the build then names it
             size = mtime = -1
-        digest.update(f"{f[len(prefix):] if f.startswith(prefix) else f}\t{size}\t{mtime}\n".encode())
+        line = f"{f[len(prefix):] if f.startswith(prefix) else f}\t{size}\t{mtime}\n"
+        digest.update(line.encode(errors="surrogateescape"))   # a path of any bytes, as the OS gave it
     return f"{len(files)} files, sha1 {digest.hexdigest()}"
 
 
@@ -111,15 +113,46 @@ def remove_leftovers(store):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def read_meta(store):
+    """store/meta.json as a dict; {} when it is absent, cut or not a cache's (the cache is then rebuilt)."""
+    try:
+        meta = json.loads((store / "meta.json").read_text())
+        return meta if isinstance(meta, dict) and {"sizes", "notes", "arrays"} <= set(meta) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def damaged(store, meta):
+    """What is wrong with the arrays meta.json lists (deleted, cut, grown, or an unreadable header), or None."""
+    for name, size in meta["arrays"].items():
+        path = store / name
+        if not path.is_file() or path.stat().st_size != size:
+            return f"{name} is {'missing' if not path.is_file() else f'{path.stat().st_size:,} bytes, not {size:,}'}"
+        if name.endswith(".npy"):
+            try:
+                np.load(path, mmap_mode="r")
+            except (OSError, ValueError) as e:
+                return f"{name}: {str(e)[:60]}"
+    return None
+
+
 def cached(store, src, stamp, build, need=None):
     """(sizes of the cached parts, notes). Unless store/meta.json matches the source files, build(folder, notes) runs
     in a private folder that then replaces store, so a crash or a second process never leaves a half-built cache.
     need: the bytes the cache will take, if known, for the message when the disk is too full (DataError)."""
     if store.parent.is_dir():                   # a killed build of this cache: its folder goes now
         remove_leftovers(store)
-    meta = json.loads((store / "meta.json").read_text()) if (store / "meta.json").exists() else {}
+    meta = read_meta(store)
     if meta.get("version") == CACHE_VERSION and meta.get("source") == str(src) and meta.get("stamp") == stamp:
-        return meta["sizes"], meta["notes"]
+        if (damage := damaged(store, meta)) is None:
+            return meta["sizes"], meta["notes"]
+        print(f"note: the cache {store} is damaged ({damage}): rebuilding it", flush=True)
+    elif (store / "meta.json").exists() and not meta:
+        print(f"note: the cache {store} has a damaged meta.json: rebuilding it", flush=True)
+    foreign = [f.name for f in store.iterdir() if f.suffix not in (".npy", ".tok", ".json")] if store.is_dir() else []
+    if foreign:                                 # a cache holds only its arrays and meta.json: never replace others
+        raise DataError(f"{store} holds {foreign[0]}, which no cache of this repo holds, so it is never replaced: "
+                        f"move it away or pass another --cache-dir")
     tmp = store.with_name(f"{store.name}.building-{os.getpid()}")
     try:
         tmp.mkdir(parents=True, exist_ok=True)
@@ -130,13 +163,18 @@ def cached(store, src, stamp, build, need=None):
     notes = []
     try:
         sizes = build(tmp, notes)
-        meta = {"version": CACHE_VERSION, "source": str(src), "stamp": stamp, "sizes": sizes, "notes": notes}
+        arrays = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}        # what damaged() checks
+        meta = {"version": CACHE_VERSION, "source": str(src), "stamp": stamp, "sizes": sizes, "notes": notes,
+                "arrays": arrays}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     except OSError as e:                        # a full disk, a quota, a folder made read-only meanwhile
         shutil.rmtree(tmp, ignore_errors=True)
+        if e.filename and not str(e.filename).startswith(str(tmp)):     # a source file a reader did not check
+            raise DataError(f"cannot read {e.filename} ({e.strerror or e}): download or generate the data "
+                            f"again") from None
         needs = f"it needs about {need / 1e9:.1f} GB, " if need else ""
         raise DataError(f"cannot write the cache {store} ({e.strerror or e}; {needs}{free_space(store.parent)}): "
-                        f"free some space or pass --cache-dir <a folder with room>; nothing half-built is left") \
+                        f"{write_advice(e)} or pass --cache-dir <another folder>; nothing half-built is left") \
             from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -7,11 +7,11 @@ pixels: Image: CIFAR-10 python batches (Krizhevsky 2009), folder or tar.gz -> gr
 Each reader appends one-line notes on what it skipped, found empty or cut, and raises DataError naming file and line.
 check: tests/test_lra_data.py reads the real files through lra_data.load; tests/test_lra_files.py the formats' corners.
 """
+import io
 import multiprocessing
 import os
 import pickle
 import re
-import shutil
 import signal
 import tarfile
 import threading
@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 from tqdm import tqdm
+
+from tools.checked import free_space, write_advice  # noqa: F401  (lra/cache.py's, sources.py's)
 
 PAD, MASK, EOS, UNK = 0, 1, 2, 3              # special ids shared by all token tasks (PAD = 0 = padding_idx)
 N_SPECIAL = 4
@@ -123,16 +125,8 @@ def read_mark(folder):
     path = Path(folder) / GENERATED_MARK
     if not path.is_file():
         return None
-    first = (path.read_text(errors="replace").splitlines() or [""])[0]
+    first = (read_source(path).decode(errors="replace").splitlines() or [""])[0]   # unreadable: DataError
     return {k: int(v) if re.fullmatch(r"-?\d+", v) else v for k, v in re.findall(r"(\w+)=([^,)\s]+)", first)}
-
-
-def free_space(path):
-    """'12.3 GB free' on the file system that holds path (or its nearest existing parent)."""
-    probe = Path(path).resolve()
-    while not probe.exists():
-        probe = probe.parent
-    return f"{shutil.disk_usage(probe).free / 1e9:.1f} GB free"
 
 
 def process_alive(pid):
@@ -153,6 +147,27 @@ def check_output_folder(folder):
         raise FileExistsError(f"{describe_folder(folder)}, which this repo's generators did not make (no "
                               f"{GENERATED_MARK}); they never write into such a folder: generate into an empty one "
                               f"instead (--data-dir <empty folder>)")
+
+
+REGET = "download or generate the data again"
+
+
+def open_source(path, mode="rb"):
+    """open(path) of a source file; DataError (one line) if it is missing, a dangling link or unreadable: a read
+    error is never reported as a failed write of the cache."""
+    try:
+        return open(path, mode)
+    except OSError as e:
+        raise DataError(f"cannot read {path} ({e.strerror or e}): {REGET}") from None
+
+
+def read_source(path):
+    """The bytes of a source file (open_source's checks)."""
+    with open_source(path) as f:
+        try:
+            return f.read()
+        except OSError as e:                     # an I/O error halfway (a failing disk, a network mount)
+            raise DataError(f"cannot read {path} ({e.strerror or e}): {REGET}") from None
 
 
 def byte_ids(data: bytes, max_len):            # -> uint16 (≤ max_len,): byte b -> b + 4, then EOS
@@ -188,7 +203,7 @@ def aan_rows(folder, max_len, notes):
     for part, name in (("train", "train"), ("val", "eval"), ("test", "test")):
         path = folder / f"new_aan_pairs.{name}.tsv"
         blank, cut, empty = 0, 0, 0
-        with open(path, "rb") as f:
+        with open_source(path) as f:
             for lineno, line in enumerate(f, 1):
                 line = line.rstrip(b"\r\n")
                 if not line.strip():
@@ -226,7 +241,7 @@ def imdb_rows(src, max_len, notes):
     """(part, [ids uint16 (≤ max_len,)], label 1 = pos / 0 = neg) of the reviews in the aclImdb folder or straight
     from the archive (src), sorted by path so both give one order; train/unsup/ is counted in a note and skipped."""
     if src.is_dir():
-        files = {p.relative_to(src).as_posix(): p.read_bytes() for p in imdb_files(src)}
+        files = {p.relative_to(src).as_posix(): read_source(p) for p in imdb_files(src)}
         unlabeled = len(list(src.glob("train/unsup/*.txt")))
     else:
         files = _read_archive(src, IMDB_FILE.search, "aclImdb_v1.tar.gz")
@@ -255,7 +270,7 @@ def cifar_files(src):            # the batch files read from a cifar-10-batches-
 def cifar_batches(src):
     """{"train": (data uint8 (50000, 3072) RGB planes, labels int64 (50000,)), "test": ...}, folder or archive."""
     if src.is_dir():
-        files = {p.name: p.read_bytes() for p in cifar_files(src) if p.is_file()}
+        files = {p.name: read_source(p) for p in cifar_files(src) if p.exists() or p.is_symlink()}
     else:
         files = {Path(n).name: b for n, b in _read_archive(src, lambda n: "_batch" in n, CIFAR_TAR).items()}
     out = {}
@@ -264,8 +279,12 @@ def cifar_batches(src):
         for name in names:
             if name not in files:
                 raise DataError(f"{src}: CIFAR-10 batch {name} is missing; download {CIFAR_TAR} again")
-            batch = pickle.loads(files[name], encoding="bytes")       # the official format is a pickle
-            data, y = batch.get(b"data", batch.get("data")), batch.get(b"labels", batch.get("labels"))
+            try:                                                      # the official format is a pickle
+                batch = pickle.loads(files[name], encoding="bytes")
+                data, y = batch.get(b"data", batch.get("data")), batch.get(b"labels", batch.get("labels"))
+            except Exception as e:                                    # cut, empty or not a pickle of a dict
+                raise DataError(f"{src}/{name}: a damaged CIFAR-10 batch ({type(e).__name__}: {str(e)[:60]}; "
+                                f"{len(files[name]):,} bytes): download {CIFAR_TAR} again") from None
             if data is None or y is None or np.shape(data) != (len(y), 3072) or not set(y) <= set(range(10)):
                 raise DataError(f"{src}/{name}: not a CIFAR-10 python batch (need 'data' (n, 3072) uint8, "
                                 f"'labels' 0-9)")
@@ -331,9 +350,13 @@ def pathfinder_index(folder, side):
     paths, labels = [], []
     known_empty, empty_files, blank = [], [], 0          # what is skipped, for the notes
     for meta in metadata_files(folder):
-        raw = meta.read_bytes()
+        raw = read_source(meta)
         if raw.startswith(b"\x93NUMPY"):
-            rows = [list(map(str, r)) for r in np.load(meta, allow_pickle=False)]
+            try:
+                rows = [list(map(str, r)) for r in np.load(io.BytesIO(raw), allow_pickle=False)]
+            except (ValueError, OSError, EOFError) as e:                  # cut, or not an array of strings
+                raise DataError(f"{meta}: a damaged metadata array ({str(e)[:60]}; {len(raw):,} bytes): "
+                                f"{REGET}") from None
         else:
             rows = [line.split() for line in raw.decode("utf-8", errors="replace").splitlines()]
         if not any(rows):

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from lra.files import EOS, GENERATED_MARK, N_SPECIAL, DataError, check_output_folder, note_if, plural, read_mark, write_mark
+from lra.files import (EOS, GENERATED_MARK, N_SPECIAL, REGET, DataError, check_output_folder, note_if, open_source,
+                       plural, read_mark, write_mark)
 
 LISTOPS_SYMBOLS = [str(d) for d in range(10)] + ["[MIN", "[MAX", "[MED", "[SM", "]"]
 LISTOPS_ID = {s: N_SPECIAL + i for i, s in enumerate(LISTOPS_SYMBOLS)}     # "0" -> 4 ... "]" -> 18
@@ -122,9 +123,13 @@ def _read_listops(path, max_len, notes):
     """Rows (ids uint16 (≤ max_len,), label) of an LRA ListOps TSV (`expr\\tlabel`, header Source\\tTarget) or an
     original one (`label\\texpr`, Nangia & Bowman 2018). Raises DataError naming file and line."""
     blank, cut = 0, 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
+    with open_source(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:                        # a byte the ListOps alphabet never has
+                raise DataError(f"{path}:{lineno}: not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at column "
+                                f"{e.start + 1}): {REGET}") from None
             if lineno == 1 and line == "Source\tTarget":
                 continue
             if not line.strip():

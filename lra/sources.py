@@ -75,8 +75,8 @@ def generate_into(make, folder, *args, **kw):
         raise DataError(str(e)) from None
     except OSError as e:
         raise DataError(f"cannot write the generated data into {folder} ({e.strerror or e}; "
-                        f"{lra_files.free_space(folder)}): free some space or generate elsewhere "
-                        f"(--data-dir); nothing half-made was left by this run") from None
+                        f"{lra_files.free_space(folder)}): {lra_files.write_advice(e)} or generate "
+                        f"elsewhere (--data-dir); nothing half-made was left by this run") from None
 
 
 def half_made(task, folder, total, done, data_dir, difficulty):
@@ -111,7 +111,7 @@ def locate_listops(data_dir, generate):
     if mark and "n_train" in mark and not all(f.exists() for f in files):  # ours, stopped half way
         total = mark["n_train"] + mark["n_val"] + mark["n_test"]
         if generate != total:
-            done = sum(sum(1 for _ in open(f)) - 1 for f in files if f.exists())
+            done = sum(lra_files.read_source(f).count(b"\n") - 1 for f in files if f.exists())
             raise half_made("listops", folder, total, done, data_dir, None)
         asked = {k: mark[k] for k in ("n_train", "n_val", "n_test", "seed", "min_length",
                                       "max_length")}      # the tree rules are LRA's constants

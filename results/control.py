@@ -15,9 +15,7 @@ again after a stop. Checkpoints are deleted once a run has finished, so the fold
     python results/summarize.py                                   # summary.md, with this study's intervals
 """
 import argparse
-import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +29,11 @@ except ImportError:
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+from tools import checked  # noqa: E402  (finite flags, checked reads, no torch)
+
+CHECKPOINTS = ("spt.pt", "best.pt", "last.pt")   # what train.py writes into a run folder and this driver may delete
+RUN_FILES = ("config.json", "log.txt", "log.jsonl", ".lock", *CHECKPOINTS)
 MODELS = ["transformer", "s4", "dlr"]
 SETTING = ["--preset", "tiny", "--task", "text", "--max-len", "512", "--max-train", "4000", "--max-eval", "0",
            "--d-model", "64", "--n-layers", "2", "--batch-size", "16", "--device", "cpu"]
@@ -54,8 +57,28 @@ def existing(out):
     for folder in sorted(out.glob("text-*")):
         config = folder / "config.json"
         if config.is_file():
-            found[identity(json.loads(config.read_text())["args"])] = folder
+            try:
+                args = checked.read_json(config, "skipped by this driver: delete the folder to run it "
+                                         "again", needs=["args"])["args"]
+                found[identity(args)] = folder
+            except (checked.Damaged, KeyError, TypeError) as e:
+                print(f"note: {e if isinstance(e, checked.Damaged) else f'{config}: no run settings'}",
+                      flush=True)
     return found
+
+
+def remove_run(folder):
+    """Delete what train.py wrote into a run folder (RUN_FILES), then the folder if nothing else is left: a user's own
+    file in it stays, with the folder. -> whether the folder is gone."""
+    for name in RUN_FILES:
+        (folder / name).unlink(missing_ok=True)
+    for tmp in folder.glob("*.tmp"):                          # a write that a kill cut short (runs.write_whole)
+        tmp.unlink()
+    if any(folder.iterdir()):
+        print(f"note: {folder}: kept (it holds files train.py did not write); its run files were removed")
+        return False
+    folder.rmdir()
+    return True
 
 
 def in_use(folder):
@@ -63,7 +86,7 @@ def in_use(folder):
     has started and is running, which this one must neither delete nor resume. False without fcntl (Windows)."""
     if fcntl is None or not (folder / ".lock").is_file():
         return False
-    with open(folder / ".lock", "a") as f:
+    with checked.open_lock(folder / ".lock") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)    # free: closing the file releases it at once
         except BlockingIOError:
@@ -87,25 +110,31 @@ def run_one(cmd, folder, log):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Run (or continue) the TFS / TFS-long / SPT study on Text.")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5], help="seeds to run")
+    p.add_argument("--seeds", type=checked.seed(), nargs="+", default=[0, 1, 2, 3, 4, 5], help="seeds to run")
     p.add_argument("--models", nargs="+", choices=MODELS, default=MODELS)
     p.add_argument("--arms", nargs="+", choices=["tfs", "tfs-long", "spt"], default=["tfs", "tfs-long", "spt"])
-    p.add_argument("--finetune-epochs", type=int, default=None, help="F (default: the pilot's, in pilot/README.md)")
-    p.add_argument("--pretrain-epochs", type=int, default=3, help="P: SPT epochs (750 steps)")
-    p.add_argument("--jobs", type=int, default=2, help="training processes at a time, one thread each")
+    p.add_argument("--finetune-epochs", type=checked.at_least(1), default=None,
+                   help="F (default: the pilot's, in pilot/README.md)")
+    p.add_argument("--pretrain-epochs", type=checked.at_least(1), default=3, help="P: SPT epochs (750 steps)")
+    p.add_argument("--jobs", type=checked.at_least(1), default=2, help="training processes at a time, one thread each")
     p.add_argument("--out", default=str(HERE / "control"), help="the study folder (one folder per run inside)")
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "text"), help="IMDB")
     p.add_argument("--cache-dir", default="/tmp/lra_cache", help="prepared arrays (not committed)")
     p.add_argument("--console", default="/tmp/control_console", help="each run's console output (not committed: "
                    "its log.txt holds the lines that matter)")
-    p.error = lambda m: (print(f"control.py: error: {m}", file=sys.stderr), sys.exit(2))
+    p.error = lambda m: (print(f"control.py: error: {checked.flag_message(m)}", file=sys.stderr), sys.exit(2))
     args = p.parse_args(argv)
     args.out = Path(args.out)
     if args.finetune_epochs is None:
         pilot = args.out / "pilot" / "choice.json"
         if not pilot.is_file():
             p.error(f"no --finetune-epochs and no pilot choice in {pilot}: run the pilot first (see README.md)")
-        args.finetune_epochs = json.loads(pilot.read_text())["finetune_epochs"]
+        try:
+            args.finetune_epochs = checked.read_json(pilot, "run the pilot again, or pass --finetune-epochs",
+                                                     needs=["finetune_epochs"])["finetune_epochs"]
+            checked.at_least(1)(str(args.finetune_epochs))
+        except (checked.Damaged, argparse.ArgumentTypeError) as e:
+            p.error(str(e) if isinstance(e, checked.Damaged) else f"{pilot}: finetune_epochs {e}")
     args.out.mkdir(parents=True, exist_ok=True)
     found = existing(args.out)
     todo = []
@@ -125,7 +154,7 @@ def main(argv=None):
                     continue
                 if folder and not (folder / "last.pt").is_file():   # stopped before its first evaluation:
                     print(f"{folder.name}: stopped before its first evaluation; starting it again")
-                    shutil.rmtree(folder)                            # nothing in it to keep or resume
+                    remove_run(folder)                               # nothing in it to keep or resume
                     folder = None
                 todo.append((f"{arm}-{model}-s{seed}", command(model, seed, flags, args), folder))
     print(f"{len(todo)} runs to do ({sum(1 for t in todo if t[2])} to resume), {args.jobs} at a time", flush=True)
@@ -142,8 +171,8 @@ def main(argv=None):
         codes = list(pool.map(work, todo))
     for folder in args.out.glob("text-*"):                 # finished runs keep their logs, not their checkpoints
         if (folder / "results.json").is_file():
-            for ck in folder.glob("*.pt"):
-                ck.unlink()
+            for name in CHECKPOINTS:                       # train.py's own: a user's *.pt stays
+                (folder / name).unlink(missing_ok=True)
     return 1 if any(codes) else 0
 
 

@@ -19,6 +19,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import lra_data  # noqa: E402
 import train  # noqa: E402
+from tools import checked  # noqa: E402  (checked flags and reads; writes over our own files only)
+
+CHECKPOINTS = ("spt.pt", "best.pt", "last.pt")     # what train.py writes into a run folder: all --clean deletes
 
 
 @torch.no_grad()
@@ -49,27 +52,33 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Write kernels.json (Figure 4 data) into S4/DLR run folders.")
     p.add_argument("runs", help="folder whose subfolders are train.py run folders")
     p.add_argument("--task", choices=lra_data.TASKS, default=None, help="only runs of this task (default: all)")
-    p.add_argument("--length", type=int, default=None, help="kernel length L (default: the run's longest input)")
+    p.add_argument("--length", type=checked.at_least(1), default=None,
+                   help="kernel length L (default: the run's longest input)")
     p.add_argument("--clean", action="store_true",
                    help="afterwards delete the checkpoints (*.pt) of every finished run")
-    p.error = lambda message: (print(f"kernels.py: error: {message}", file=sys.stderr), sys.exit(2))
+    p.error = lambda message: (print(f"kernels.py: error: {checked.flag_message(message)}", file=sys.stderr),
+                               sys.exit(2))
     args = p.parse_args(argv)
-    if args.length is not None and args.length < 1:
-        p.error(f"--length {args.length} must be at least 1")
     runs = Path(args.runs)
     folders = sorted(f for f in runs.iterdir() if (f / "results.json").is_file()) if runs.is_dir() else []
     if not folders:
         p.error(f"no finished run folders (with results.json) in {args.runs}")
     for folder in folders:
-        config = json.loads((folder / "config.json").read_text())
-        if (config["model_name"] in ("s4", "dlr") and args.task in (None, config["task"])
-                and (folder / "best.pt").is_file()
-                and not config["args"].get("init_from")):          # an --init-from run did not start from its seed
-            (folder / "kernels.json").write_text(json.dumps(profiles_of_run(folder, config, args.length)) + "\n")
-            print(f"wrote {folder / 'kernels.json'}")
-    if args.clean:
-        for ck in sorted(ck for folder in folders for ck in folder.glob("*.pt")):
-            ck.unlink()
+        try:
+            config = checked.read_json(folder / "config.json", "skipped: rerun the run", needs=checked.CONFIG_KEYS)
+            if (config["model_name"] in ("s4", "dlr") and args.task in (None, config["task"])
+                    and (folder / "best.pt").is_file()
+                    and not config["args"].get("init_from")):      # an --init-from run did not start from its seed
+                checked.write_owned(folder / "kernels.json",
+                                    json.dumps(profiles_of_run(folder, config, args.length)) + "\n", "kernels.py")
+                print(f"wrote {folder / 'kernels.json'}")
+        except (checked.Damaged, checked.NotOwned) as e:             # one bad folder: a note, the others go on
+            print(f"note: {e}", flush=True)
+        except ValueError as e:                                     # a damaged checkpoint (runs.read_checkpoint)
+            print(f"note: {folder}: {e}; skipped", flush=True)
+    if args.clean:                                                  # train.py's checkpoints, nothing else
+        for ck in sorted(folder / name for folder in folders for name in CHECKPOINTS):
+            ck.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

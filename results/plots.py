@@ -4,8 +4,13 @@ passes plt = pyplot() (None without it, and no figure is drawn). Each figure is 
 metadata, so its bytes depend on the run folders only.
 """
 import statistics
+import sys
 import textwrap
 from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tools import checked  # noqa: E402  (outputs written whole, over our own files only)
 
 COLORS = {"TFS": "tab:blue", "masked": "tab:red", "span": "tab:orange", "causal": "tab:purple", "rtd": "tab:green"}
 
@@ -14,8 +19,11 @@ def save(plt, fig, path, title, width, fontsize):
     """Title, layout, write (no software/date metadata, so the bytes depend on the data only) and close a figure."""
     fig.suptitle(textwrap.fill(title, width), fontsize=fontsize)
     fig.tight_layout()
-    fig.savefig(path, dpi=110, metadata={"Software": None})
-    plt.close(fig)
+    try:        # written whole, and only over a figure summarize.py wrote (tools/checked.py's manifest)
+        checked.write_owned(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None}),
+                            "summarize.py")
+    finally:
+        plt.close(fig)
 
 
 def seed_dots(ax, x, rs, color, half=0.25):

@@ -150,3 +150,32 @@ def detectable_difference(sd, n, power=0.8, alpha=0.05):
         mid = (low + high) / 2
         low, high = (mid, high) if power_paired_t(mid, sd, n, alpha) < power else (low, mid)
     return (low + high) / 2
+
+
+# ---- the texts summary.md prints (results/summarize.py)
+
+def interval_text(d):
+    """'+6.3 [+5.5, +7.0]' of a paired result (points)."""
+    return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
+
+
+def accuracy_text(rs):
+    """'64.2 [63.1, 65.3] (n=6)': test accuracy %, mean and 95 % t interval over seeds."""
+    accs = [100 * r["test"] for r in rs]
+    if len(accs) < 2:
+        return f"{accs[0]:.1f} (n=1)"
+    mean, low, high = interval(accs)
+    return f"{mean:.1f} [{low:.1f}, {high:.1f}] (n={len(accs)})"
+
+
+def mcnemar_text(a, b):
+    """Per seed, the exact McNemar p of two runs' test predictions, 'p1 / p2 / ...' and how many are < 0.05."""
+    ps = []
+    for seed in sorted(set(a) & set(b)):
+        pa, pb = a[seed]["predictions"], b[seed]["predictions"]
+        if not pa or not pb or pa["labels"] != pb["labels"] or pa["index_sha1"] != pb["index_sha1"]:
+            ps.append(None)
+            continue
+        ps.append(mcnemar(pa["predictions"], pb["predictions"], pa["labels"])[2])
+    shown = " / ".join("–" if p is None else f"{p:.2g}" for p in ps)
+    return f"{shown} ({sum(p is not None and p < 0.05 for p in ps)} of {len(ps)} < 0.05)"

@@ -16,19 +16,21 @@ The output depends only on the run folders (sorted, no dates), so running it twi
 is the same whether or not matplotlib (optional, for the plots) is installed.
 """
 import argparse
-import contextlib
-import json
 import re
 import statistics
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from tools import checked  # noqa: E402  (checked reads; outputs over our own files only)
 import plots  # noqa: E402  (results/plots.py: the figures, matplotlib optional)
 import stats  # noqa: E402  (results/stats.py: t intervals, exact McNemar)
 import why_spt  # noqa: E402  (results/why_spt.py: that study's tables)
 
+SKIP = "this run folder is skipped (rerun or resume the run, or delete the folder)"
 MARGIN = 0.05                                     # "left chance": val accuracy > chance + 5 points
 STUDIES = ("control", "study", "objectives", "why_spt")  # default --runs: results/<name>, skipped while missing
 CAVEATS = {   # how far the earlier studies' tables carry (README, "The result"); the numbers are in the tables
@@ -44,22 +46,23 @@ OBJECTIVES = ("masked", "span", "causal", "rtd")  # train.py --objective, in col
 
 
 def read_records(log):
-    """A log.jsonl's records, in order. A line that a cut write left (a kill or a full disk mid-record; the resumed run
-    ends it, runs.append_line) is no record and is skipped: the evaluation it began is logged whole after it."""
-    records = []
-    for line in log.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            records.append(json.loads(line))
-    return records
+    """A log.jsonl's records, in order (tools/checked.py: a line a cut write left is skipped)."""
+    return checked.read_records(log, SKIP)
+
+
+def read_or_note(folder, read=None):
+    """read_run (or `read`), or None with a note when a file of the folder is damaged: one never stops the rest."""
+    try:
+        return (read or read_run)(*([folder, SKIP] if read else [folder]))
+    except checked.Damaged as e:
+        print(f"note: {e}", flush=True)
 
 
 def read_run(folder):
     """-> dict with the fields the summary needs, or None if the run has not finished (no results.json)."""
     if not (folder / "results.json").is_file():
         return None
-    config = json.loads((folder / "config.json").read_text())
-    results = json.loads((folder / "results.json").read_text())
-    records = read_records(folder / "log.jsonl")
+    config, results, records = checked.read_run_folder(folder, SKIP)
     a, c = config["args"], config["config"]
     chance = 1 / config["head"]["n_classes"]
     curve = [(r["step"], r["val_acc"]) for r in records if r.get("phase") == "finetune"]  # [(step, val acc)]
@@ -74,9 +77,9 @@ def read_run(folder):
                f"L ≤ {a['max_len']}" if a.get("max_len") else None, f"D{c['d_model']}x{c['n_layers']}",
                "causal" if a.get("causal") else None, f"lr {a['lr']:g}", f"batch {a['batch_size']}", steps,
                f"val/test {a['max_eval'] or 'all'}"]
-    kernels = json.loads((folder / "kernels.json").read_text()) if (folder / "kernels.json").is_file() else None
+    kernels = checked.read_json(folder / "kernels.json", SKIP) if (folder / "kernels.json").is_file() else None
     predictions = folder / "test_predictions.json"
-    predictions = json.loads(predictions.read_text()) if predictions.is_file() else None
+    predictions = checked.read_json(predictions, SKIP) if predictions.is_file() else None
     # model-specific knobs go with the model's name, so the models of one setting share its plots
     model = config["model_name"] + (f" (N{c['d_state']}, ssm lr {c['ssm_lr']:g})" if "d_state" in c else "")
     return dict(name=folder.name, model=model, task=config["task"], seed=a["seed"],
@@ -111,10 +114,11 @@ def objective_label(a):
 
 def n_train_from_log(folder):
     """Training examples of a run whose results.json predates its "n_train" entry: log.txt's "data: ..." line."""
-    log = (folder / "log.txt").read_text() if (folder / "log.txt").is_file() else ""
+    log = checked.read_text(folder / "log.txt", SKIP) if (folder / "log.txt").is_file() else ""
     found = re.search(r"\| train ([\d,]+) /", log)
     if not found:
-        raise SystemExit(f"summarize.py: {folder}: no n_train in results.json, no '| train N /' line in log.txt")
+        raise checked.Damaged(f"{folder}: no n_train in results.json and no 'data: ... | train N /' line in "
+                              f"log.txt: {SKIP}")
     return int(found.group(1).replace(",", ""))
 
 
@@ -180,12 +184,7 @@ def paired_gains(rs, tfs):
     if not pairs:
         return ""
     d = stats.paired(pairs)
-    return " / ".join(f"{x:+.1f}" for x in d["diffs"]) + (f" → {interval_text(d)}" if d["n"] > 1 else "")
-
-
-def interval_text(d):
-    """'+6.3 [+5.5, +7.0]' of a stats.paired result (points)."""
-    return f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}]"
+    return " / ".join(f"{x:+.1f}" for x in d["diffs"]) + (f" → {stats.interval_text(d)}" if d["n"] > 1 else "")
 
 
 def table(cells):
@@ -298,28 +297,6 @@ def control_cells(runs):
     return {m: cells[m] for m in sorted(cells, key=model_order)}
 
 
-def accuracy_text(rs):
-    """'64.2 [63.1, 65.3] (n=6)': test accuracy %, mean and 95 % t interval over seeds."""
-    accs = [100 * r["test"] for r in rs]
-    if len(accs) < 2:
-        return f"{accs[0]:.1f} (n=1)"
-    mean, low, high = stats.interval(accs)
-    return f"{mean:.1f} [{low:.1f}, {high:.1f}] (n={len(accs)})"
-
-
-def mcnemar_text(a, b):
-    """Per seed, the exact McNemar p of two runs' test predictions, 'p1 / p2 / ...' and how many are < 0.05."""
-    ps = []
-    for seed in sorted(set(a) & set(b)):
-        pa, pb = a[seed]["predictions"], b[seed]["predictions"]
-        if not pa or not pb or pa["labels"] != pb["labels"] or pa["index_sha1"] != pb["index_sha1"]:
-            ps.append(None)
-            continue
-        ps.append(stats.mcnemar(pa["predictions"], pb["predictions"], pa["labels"])[2])
-    shown = " / ".join("–" if p is None else f"{p:.2g}" for p in ps)
-    return f"{shown} ({sum(p is not None and p < 0.05 for p in ps)} of {len(ps)} < 0.05)"
-
-
 CONTROL_PAIRS = [("SPT", "TFS"), ("SPT", "TFS-long"), ("TFS-long", "TFS")]
 
 
@@ -338,7 +315,7 @@ def control_section(runs, out, plt, study):
              "same evaluation after every epoch: the control for \"SPT only trained longer\".", ""]
     lines += ["| model | " + " | ".join(ARMS) + " |", "|---" * (len(ARMS) + 1) + "|"]
     for model, arms in cells.items():
-        lines.append(f"| {model} | " + " | ".join(accuracy_text(list(arms[a].values())) if arms.get(a) else "–"
+        lines.append(f"| {model} | " + " | ".join(stats.accuracy_text(list(arms[a].values())) if arms.get(a) else "–"
                                                   for a in ARMS) + " |")
     lines += ["", "Paired by seed (both runs of a seed share its initialisation and batch order): the difference "
               "per seed in points, its mean [95 % t interval], and an exact McNemar test per seed on the two runs' "
@@ -351,11 +328,11 @@ def control_section(runs, out, plt, study):
             if len(pairs) < 1:
                 continue
             d = stats.paired(pairs)
-            shown = interval_text(d) if d["n"] > 1 else f"{d['mean']:+.1f}"
+            shown = stats.interval_text(d) if d["n"] > 1 else f"{d['mean']:+.1f}"
             sd = statistics.stdev(d["diffs"]) if d["n"] > 1 else 0   # the difference a paired t test finds
             detect = f"{stats.detectable_difference(sd, d['n']):.1f}" if sd else "–"   # 4 times in 5 at sd
             lines.append(f"| {model} | {a} − {b} | {' / '.join(f'{x:+.1f}' for x in d['diffs'])} | {shown} | "
-                         f"{detect} | {mcnemar_text(arms[a], arms[b])} |")
+                         f"{detect} | {stats.mcnemar_text(arms[a], arms[b])} |")
     spt = [r["spt_loss"][1] == r["spt_best"] for arms in cells.values() for r in arms.get("SPT", {}).values()]
     at_last = [(a, r["best_epoch"] == r["last_epoch"]) for arms in cells.values() for a in ARMS
                for r in arms.get(a, {}).values()]
@@ -421,12 +398,15 @@ def unfinished_lines(folder, names, first):
     where = "" if first else f" of `{folder.name}/`"
     lines = [f"Unfinished runs{where} (no results.json: stopped before the end), not counted in the table:", ""]
     for u in names:
-        log = folder / u / "log.jsonl"
-        records = read_records(log) if log.is_file() else []
+        try:
+            config, _, records = checked.read_run_folder(folder / u, SKIP)
+        except checked.Damaged as e:                                       # a damaged one: a note, the rest go on
+            print(f"note: {e}", flush=True)
+            continue
         last = next((r for r in reversed(records) if "val_acc" in r), None)
         seen = (f"last eval: {last['phase']} epoch {last['epoch']}, step {last['step']}, val acc "
                 f"{last['val_acc'] * 100:.1f}%") if last else "no evaluation logged"
-        command = "python " + " ".join(json.loads((folder / u / "config.json").read_text()).get("command", []))
+        command = "python " + " ".join(config.get("command", []))
         lines += [f"- `{u}`: {seen}  ", f"  `{command}`"]
     return lines + [""]
 
@@ -450,15 +430,28 @@ def main(argv=None):
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         p.error(f"--out {out} is a file, not a folder: pass the folder for summary.md and the plots")
-    out.mkdir(parents=True, exist_ok=True)
-    for kind in ("val_acc", "data_fraction", "train_size", "kernels", "objectives", "test_acc"):  # earlier plots
-        for old in out.glob(f"*{kind}_*.png"):
-            old.unlink()
-    plt = plots.pyplot()
+    if not checked.owned(out / "summary.md"):
+        p.error(f"--out {out}: {out / 'summary.md'} exists and summarize.py did not write it (it is not in "
+                f"{out / checked.MANIFEST}); it is left untouched: move it away or pass another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out {out}: cannot make it ({e.strerror or e}): {checked.write_advice(e)}")
+    try:     # a figure or summary.md over a file that is not ours, a full disk: one line, nothing else lost
+        write_summary(args, folders, out)
+    except checked.NotOwned as e:
+        p.error(str(e))
+    except OSError as e:
+        p.error(f"cannot write into --out {out} ({e.strerror or e}): {checked.write_advice(e)}")
+
+
+def write_summary(args, folders, out):
+    """summary.md and the plots of the studies `folders` into `out`; then the plots of ours it no longer draws go."""
+    plt, started = plots.pyplot(), time.time()
     studies = []                                                            # [(folder, runs, unfinished names)]
     for folder in folders:
         runs = sorted((f for f in folder.iterdir() if (f / "config.json").is_file()), key=lambda f: f.name)
-        studies.append((folder, [r for r in map(read_run, runs) if r],
+        studies.append((folder, [r for r in map(read_or_note, runs) if r],
                         [f.name for f in runs if not (f / "results.json").is_file()]))
     n_runs = sum(len(runs) for _, runs, _ in studies)
     where = " and ".join(f"`{f.name}/`" + (f" ({len(runs)})" if len(studies) > 1 else "") for f, runs, _ in studies)
@@ -492,7 +485,10 @@ def main(argv=None):
         for r in sorted(runs, key=lambda r: r["name"]):
             lines += [f"- `{study}{r['name']}`: test {r['test'] * 100:.1f}%, best val {r['best_val'] * 100:.1f}%, "
                       f"{r['seconds'] / 60:.1f} min, git {r['git']}  ", f"  `{r['command']}`"]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    checked.write_owned(out / "summary.md", "\n".join(lines) + "\n", "summarize.py")
+    for name, tool in checked.manifest(out).items():                       # earlier plots of ours only
+        if tool == "summarize.py" and name.endswith(".png") and (out / name).stat().st_mtime < started:
+            checked.remove_owned(out / name)
     print(f"wrote {out / 'summary.md'} ({n_runs} runs in {len(studies)} studies) and {n_figures if plt else 0} plots")
 
 

@@ -65,12 +65,13 @@ def test_out_of_space_building_a_pixel_cache_is_one_line_naming_the_space_and_le
 def test_out_of_space_writing_a_checkpoint_is_one_line_and_the_earlier_checkpoints_load(data_dir, tmp_path,
                                                                                        monkeypatch, capsys):
     calls, save = [], torch.save
-    def save_until_full(obj, path, *a, **k):                         # the third checkpoint finds the disk full
-        calls.append(path)
+    def save_until_full(obj, f, *a, **k):                            # the third checkpoint finds the disk full:
+        calls.append(f)                                              # torch's own writer meets a real ENOSPC
         if len(calls) == 3:
-            Path(path).write_bytes(b"half a checkpoint")
-            raise RuntimeError("[enforce fail at inline_container.cc] . PytorchStreamWriter failed writing file")
-        return save(obj, path, *a, **k)
+            f.write(b"half a checkpoint")
+            with open("/dev/full", "wb") as full:
+                return save(obj, full, *a, **k)
+        return save(obj, f, *a, **k)
     monkeypatch.setattr(torch, "save", save_until_full)
     with pytest.raises(SystemExit) as e:
         run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "2",
@@ -120,8 +121,8 @@ def test_out_of_space_while_generating_is_one_line_and_removes_the_folder_it_mad
 
 def test_ctrl_c_during_a_checkpoint_write_names_the_write_and_leaves_no_temporary(data_dir, tmp_path, monkeypatch,
                                                                                 capsys):
-    def interrupted(obj, path, *a, **k):
-        Path(path).write_bytes(b"half")
+    def interrupted(obj, f, *a, **k):                                # torch.save gets the open temporary file
+        f.write(b"half")
         raise KeyboardInterrupt
     monkeypatch.setattr(torch, "save", interrupted)
     with pytest.raises(SystemExit) as e:
@@ -377,3 +378,476 @@ def test_every_command_line_tool_refuses_a_bad_flag_in_one_line_with_status_2(sc
     name = Path(script).name
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith(f"{name}: error:") and says in err[0], \
         f"{script} {argv}: exit {e.value.code}, stderr {err!r}"
+
+
+# ---- every numeric flag of every tool: finite, in range, at parse time (issue #28, point 4) -------------------------
+
+TOOLS = ["train.py", "bench.py", "lra_data.py", "models.py", "results/control.py", "results/kernels.py",
+         "results/summarize.py"]
+
+
+class Caught(Exception):
+    pass
+
+
+def parser_of(script, monkeypatch):
+    """The argparse parser a tool builds, caught at its parse_args (nothing else of the tool runs)."""
+    import argparse
+    caught = []
+    def catch(self, *a, **k):
+        caught.append(self)
+        raise Caught
+    with monkeypatch.context() as m:
+        m.setattr(argparse.ArgumentParser, "parse_args", catch)
+        with pytest.raises(Caught):
+            tool_main(script)([])
+    return caught[0]
+
+
+def numeric_flags(parser):
+    """The option strings of the flags whose type parses numbers."""
+    found = []
+    for action in parser._actions:
+        if action.type is None or not action.option_strings:
+            continue
+        for text in ("1", "0.5", "10", "1.5"):
+            try:
+                if isinstance(action.type(text), (int, float)):
+                    found.append(action.option_strings[-1])
+                    break
+            except Exception:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("script", TOOLS)
+def test_every_numeric_flag_of_every_tool_refuses_nan_and_infinities_in_one_line(script, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    parser = parser_of(script, monkeypatch)
+    flags = numeric_flags(parser)
+    assert all(a.type not in (int, float) for a in parser._actions if a.option_strings and a.type), \
+        f"{script}: a numeric flag with a bare int/float type has no range check"
+    for flag in flags:
+        for value in ("nan", "inf", "-inf", "1e999"):
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as e:
+                code = tool_main(script)([flag, value])
+                raise SystemExit(code)
+            err = capsys.readouterr().err.strip().splitlines()
+            assert e.value.code == 2 and len(err) == 1 and flag in err[0] and "Traceback" not in err[0], \
+                f"{script} {flag} {value}: exit {e.value.code}, stderr {err!r}"
+
+
+def test_train_py_numeric_flags_include_the_objectives_and_the_seed(monkeypatch):
+    flags = numeric_flags(parser_of("train.py", monkeypatch))
+    assert {"--lr", "--weight-decay", "--rtd-weight", "--span-mean", "--mask-ratio", "--seed", "--data-fraction"} \
+        <= set(flags), flags
+
+
+@pytest.mark.parametrize("seed, ok", [("-1", False), (str(2**62), True), (str(2**62 + 1), False), (str(2**64), False)])
+def test_the_seed_has_a_range_that_leaves_room_for_the_seeds_derived_from_it(seed, ok, capsys):
+    from tools import checked
+    if ok:
+        assert train.parse_flags(["--seed", seed])[0].seed == int(seed)
+        for derived in (int(seed) + 4, int(seed) + 1000 * 4096 + 10**6):   # seed + 4; seed + 1000·rank + epoch
+            torch.Generator().manual_seed(derived)
+            torch.manual_seed(derived)
+        assert checked.SEED_MAX + 1000 * 10**6 < 2**64
+        return
+    with pytest.raises(SystemExit) as e:
+        train.parse_flags(["--seed", seed])
+    one_line(capsys, 2, "--seed", e)
+
+
+def test_bench_refuses_repeated_lengths_before_measuring_and_a_fit_never_divides_by_zero(capsys):
+    import bench
+    from tools import speed
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--lengths", "256", "256", "256", "--fit-from", "256"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--lengths 256 256 256" in err[0], err
+    rows = [dict(model="m", L=256, B=1, seconds=1e-3)] * 3 + [dict(model="m", L=512, B=1, seconds=2e-3)]
+    fit = speed.fit_exponent(rows, "m", 256)
+    assert fit["p"] is None and "needs" in fit["why"], "two distinct lengths fit no exponent (and never divide by 0)"
+
+
+def test_the_control_driver_refuses_zero_jobs_or_epochs_before_deleting_anything(tmp_path, capsys):
+    control = tool_main("results/control.py")
+    out = tmp_path / "control"
+    folder = out / "text-dlr-spt-s0-a"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"args": {"model": "dlr", "seed": 0, "spt": True, "epochs": 9,
+                                                             "pretrain_epochs": 3}}))
+    for argv in (["--jobs", "0"], ["--finetune-epochs", "0"], ["--pretrain-epochs", "0"]):
+        with pytest.raises(SystemExit) as e:
+            control(["--finetune-epochs", "9", "--out", str(out), "--console", str(tmp_path / "c"), *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and argv[0] in err[0], (argv, err)
+        assert (folder / "config.json").is_file(), f"{argv}: the stopped run's folder was deleted before the check"
+
+
+def test_a_non_finite_validation_loss_stops_the_run_and_best_pt_stays_the_last_finite_one(data_dir, tmp_path,
+                                                                                         monkeypatch, capsys):
+    calls, evaluate = [], train.evaluate
+    def nan_from_the_second(*a, **k):
+        calls.append(1)
+        val = evaluate(*a, **k)
+        return dict(val, loss=float("nan")) if len(calls) >= 2 else val
+    monkeypatch.setattr(train, "evaluate", nan_from_the_second)
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "3")
+    line = one_line(capsys, 2, "finetune epoch 2: validation loss nan is not finite", e)
+    folder = next(tmp_path.iterdir())
+    assert "best.pt holds epoch 1" in line, line
+    for name in ("best.pt", "last.pt"):
+        assert runs.read_checkpoint(folder / name)["epoch"] == 1, f"{name} holds the non-finite model"
+
+
+# ---- flags a run does not use are named (point 5) -----------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    (["--spt", "--objective", "masked", "--span-mean", "4"], "--span-mean belongs to --objective span, not masked: "
+                                                              "ignored"),
+    (["--spt", "--objective", "span", "--rtd-weight", "2", "--no-gdes"], "--gdes, --rtd-weight belong to "
+                                                                         "--objective rtd, not span: ignored"),
+    (["--span-mean", "4"], "--span-mean only acts with --spt: ignored"),
+])
+def test_a_flag_the_chosen_objective_does_not_use_is_named_as_ignored(argv, says):
+    args, given, _ = train.parse_flags(argv)
+    notes = train.unused_flag_notes(args, given)
+    assert len(notes) == 1 and says in notes[0], notes
+    args, given, _ = train.parse_flags(["--spt", "--objective", "span", "--span-mean", "4", "--mask-ratio", "0.2"])
+    assert train.unused_flag_notes(args, given) == [], "the objective's own flags are used"
+
+
+# ---- a tool overwrites or deletes only its own files (point 1) ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_study(tmp_path_factory):
+    """A study folder of two finished tiny ListOps runs (seeds 0, 1)."""
+    root = tmp_path_factory.mktemp("study")
+    generate_listops(root / "data", 16, 8, 8, min_length=10, max_length=60)
+    for seed in ("0", "1"):
+        train.main(["--model", "dlr", "--task", "listops", "--preset", "tiny", "--d-model", "8", "--n-layers", "1",
+                    "--d-state", "8", "--batch-size", "16", "--epochs", "1", "--seed", seed, "--data-dir",
+                    str(root / "data"), "--out", str(root / "study")])
+    return root / "study"
+
+
+def test_summarize_deletes_and_overwrites_only_its_own_files_in_out(tiny_study, tmp_path, capsys):
+    summarize = tool_main("results/summarize.py")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "my_val_acc_plot.png").write_bytes(b"the user's own figure")
+    summarize(["--runs", str(tiny_study), "--out", str(out)])
+    from tools import checked
+    ours = checked.manifest(out)
+    assert (out / "my_val_acc_plot.png").read_bytes() == b"the user's own figure", "a user's figure was deleted"
+    assert "summary.md" in ours and any(n.endswith(".png") for n in ours), ours
+    (out / "study_val_acc_gone_0.png").write_bytes(b"an old plot of ours")          # a plot it no longer draws
+    checked.record(out, "study_val_acc_gone_0.png", "summarize.py")
+    os.utime(out / "study_val_acc_gone_0.png", (0, 0))
+    summarize(["--runs", str(tiny_study), "--out", str(out)])
+    assert not (out / "study_val_acc_gone_0.png").exists(), "its own stale plot was kept"
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "summary.md").write_text("the user's notes")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        summarize(["--runs", str(tiny_study), "--out", str(tmp_path / "theirs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "summary.md exists and summarize.py did not write it" in err[0]
+    assert (tmp_path / "theirs" / "summary.md").read_text() == "the user's notes"
+    assert os.listdir(tmp_path / "theirs") == ["summary.md"], "a plot was written before the refusal"
+
+
+@pytest.mark.parametrize("script, argv, says", [
+    ("bench.py", ["--out", "{tmp}/b.md"], "pass a .json name"),
+    ("bench.py", ["--out", "{tmp}/mine.json"], "mine.json exists and bench.py did not write it"),
+    ("bench.py", ["--out", "{tmp}/mine"], "mine.md exists and bench.py did not write it"),
+    ("models.py", ["--out", "{tmp}/mine.json"], "exists and models.py did not write it"),
+])
+def test_a_tool_refuses_to_overwrite_a_file_it_did_not_write_and_formats_never_share_a_path(script, argv, says,
+                                                                                          tmp_path, capsys):
+    for name in ("mine.json", "mine.md"):
+        (tmp_path / name).write_text("the user's")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        tool_main(script)(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and says in err[0], err
+    assert all((tmp_path / n).read_text() == "the user's" for n in ("mine.json", "mine.md"))
+    assert not (tmp_path / "b.md").exists()
+
+
+def test_the_control_driver_removes_only_what_train_py_wrote_in_a_run_it_restarts(tmp_path):
+    control = tool_main("results/control.py").__globals__
+    folder = tmp_path / "text-dlr-spt-s0-a"
+    folder.mkdir()
+    for name in ("config.json", "log.txt", ".lock", "last.pt.tmp", "notes.txt"):
+        (folder / name).write_text("x")
+    assert control["remove_run"](folder) is False and os.listdir(folder) == ["notes.txt"]
+    (folder / "notes.txt").unlink()
+    (folder / "config.json").write_text("x")
+    assert control["remove_run"](folder) is True and not folder.exists()
+
+
+# ---- every file read is checked where it is read (point 2) --------------------------------------------------------
+
+def cifar_folder(root):
+    """A cifar-10-batches-py folder of 5 + 1 batches of 4 images each."""
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": np.zeros((4, 3072), np.uint8), b"labels": [0, 1, 2, 3]}
+        (folder / name).write_bytes(__import__("pickle").dumps(batch))
+    return folder
+
+
+def damaged_listops(root):
+    folder = root / "listops-1000"
+    generate_listops(root, 20, 5, 5, min_length=10, max_length=60)
+    return folder
+
+
+@pytest.mark.parametrize("damage, task, says", [
+    ("cifar cut", "image", "data_batch_3: a damaged CIFAR-10 batch"),
+    ("metadata cut", "pathfinder", "0.npy: a damaged metadata array"),
+    ("listops not utf-8", "listops", "basic_val.tsv:3: not UTF-8 text"),
+    ("review dangling", "text", "cannot read"),
+    ("listops unreadable", "listops", "cannot read"),
+])
+def test_a_damaged_or_unreadable_source_file_is_one_line_naming_it(damage, task, says, tmp_path, monkeypatch):
+    if damage == "cifar cut":
+        path = cifar_folder(tmp_path) / "data_batch_3"
+        path.write_bytes(path.read_bytes()[:100])
+    elif damage == "metadata cut":
+        folder = generate_pathfinder(tmp_path, res=32, n=20, contour_length=14)
+        meta = folder / "metadata" / "0.npy"
+        rows = np.array([line.split() for line in meta.read_text().splitlines()])
+        with open(meta, "wb") as f:
+            np.save(f, rows)                                          # the original generator's binary format
+        meta.write_bytes(meta.read_bytes()[:-40])
+    elif damage.startswith("listops"):
+        path = damaged_listops(tmp_path) / "basic_val.tsv"
+        if damage == "listops not utf-8":
+            lines = path.read_bytes().split(b"\n")
+            lines[2] = lines[2][:5] + b"\xff" + lines[2][5:]
+            path.write_bytes(b"\n".join(lines))
+        else:
+            real = open
+            def denied(file, *a, **k):
+                if str(file) == str(path):
+                    raise PermissionError(errno.EACCES, "Permission denied", str(file))
+                return real(file, *a, **k)
+            monkeypatch.setattr("builtins.open", denied)
+    else:
+        for split in ("train", "test"):
+            for label in ("pos", "neg"):
+                d = tmp_path / "aclImdb" / split / label
+                d.mkdir(parents=True)
+                (d / "0_1.txt").write_text("a fine review")
+        (tmp_path / "aclImdb" / "train" / "pos" / "1_1.txt").symlink_to(tmp_path / "nowhere.txt")
+    with pytest.raises(DataError) as e:
+        lra_data.load(task, "train", lra_data.Files(tmp_path, cache_dir=tmp_path / "c"))
+    message = str(e.value)
+    assert says in message and "\n" not in message and "free some space" not in message, message
+    assert not list((tmp_path / "c").glob("*/*")) if (tmp_path / "c").exists() else True
+
+
+@pytest.mark.parametrize("damage", ["meta.json cut", "labels deleted", "tokens cut"])
+def test_a_cache_that_fails_its_check_is_rebuilt_not_trusted(damage, tmp_path, capsys):
+    damaged_listops(tmp_path)
+    files = lra_data.Files(tmp_path, cache_dir=tmp_path / "c")
+    first = lra_data.load("listops", "train", files)
+    store = first.store
+    if damage == "meta.json cut":
+        (store / "meta.json").write_text((store / "meta.json").read_text()[:30])
+    elif damage == "labels deleted":
+        (store / "val.y.npy").unlink()
+    else:
+        (store / "train.tok").write_bytes((store / "train.tok").read_bytes()[:50])
+    capsys.readouterr()
+    again = lra_data.load("listops", "train", files)
+    assert "rebuilding it" in capsys.readouterr().out
+    assert [again[i][0].tolist() for i in range(len(again))] == [first[i][0].tolist() for i in range(len(first))]
+    assert len(lra_data.load("listops", "val", files)) == 5
+
+
+@pytest.mark.parametrize("damage", ["config.json cut", "results.json cut", "log.jsonl missing", "log.txt cut in a char"])
+def test_summarize_skips_a_damaged_run_folder_with_a_note_and_goes_on(damage, tiny_study, tmp_path, capsys):
+    import shutil
+    study = tmp_path / "study"
+    shutil.copytree(tiny_study, study)
+    folders = sorted(study.iterdir())
+    bad = folders[1]
+    if damage == "log.jsonl missing":
+        (bad / "log.jsonl").unlink()
+    elif damage == "log.txt cut in a char":
+        (bad / "log.txt").write_bytes((bad / "log.txt").read_bytes() + "é".encode()[:1])
+        (bad / "results.json").write_text(json.dumps({k: v for k, v in json.loads(
+            (bad / "results.json").read_text()).items() if k != "n_train"}))        # read from log.txt, then
+    else:
+        name = damage.split()[0]
+        (bad / name).write_text((bad / name).read_text()[:40])
+    capsys.readouterr()
+    tool_main("results/summarize.py")(["--runs", str(study), "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert folders[0].name in summary, "the sound run is missing from the summary"
+    if damage == "log.txt cut in a char":
+        assert bad.name in summary, "a log.txt cut inside a character must still be read"
+    else:
+        assert f"note: {bad / damage.split()[0]}" in out and bad.name not in summary.split("## Runs")[1], out
+
+
+# ---- a resume is checked up front against the run's own files (point 3) -------------------------------------------
+
+def test_resume_of_a_folder_whose_last_pt_is_another_models_stops_before_training(stopped_run, tmp_path, capsys):
+    folder, _ = stopped_run
+    ck = torch.load(folder / "last.pt", weights_only=True)
+    ck["model_name"], ck["config"] = "s4", {**ck["config"], "d_model": 32}
+    torch.save(ck, folder / "last.pt")
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(folder)])
+    one_line(capsys, 2, "the folder mixes two runs", e)
+
+
+@pytest.mark.parametrize("damage", ["deleted", "cut", "another epoch's"])
+def test_resume_with_the_best_checkpoint_missing_or_not_the_runs_stops_before_any_training(damage, stopped_run,
+                                                                                           monkeypatch, capsys):
+    import steps
+    folder, _ = stopped_run
+    if damage == "deleted":
+        (folder / "best.pt").unlink()
+    elif damage == "cut":
+        (folder / "best.pt").write_bytes((folder / "best.pt").read_bytes()[:100])
+    else:
+        ck = torch.load(folder / "best.pt", weights_only=True)
+        ck["epoch"] = 7
+        torch.save(ck, folder / "best.pt")
+    monkeypatch.setattr(steps, "guard_step", lambda *a: pytest.fail("trained before the check"))
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(folder)])
+    line = one_line(capsys, 2, "best.pt (finetune epoch 1's best, which the test reads) is", e)
+    assert {"deleted": "missing", "cut": "damaged", "another epoch's": "of finetune epoch 7"}[damage] in line, line
+
+
+def test_a_resume_reads_moved_data_from_the_data_dir_given_once_it_is_checked_the_same(stopped_run, data_dir,
+                                                                                       tmp_path, capsys):
+    import shutil
+    folder, full = stopped_run
+    moved = tmp_path / "moved"
+    shutil.copytree(data_dir, moved, ignore=shutil.ignore_patterns("cache"))
+    gone = tmp_path / "gone"
+    config = json.loads((folder / "config.json").read_text())
+    for path in (folder / "config.json",):                           # the run's data folder is not there any more
+        path.write_text(json.dumps({**config, "args": {**config["args"], "data_dir": str(gone)}}))
+    ck = torch.load(folder / "last.pt", weights_only=True)
+    ck["args"]["data_dir"] = str(gone)
+    torch.save(ck, folder / "last.pt")
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(folder)])
+    one_line(capsys, 2, f"its data folder {gone} is gone; if it moved, add --data-dir", e)
+    other = tmp_path / "other"
+    generate_listops(other, 60, 9, 9, seed=1, min_length=30, max_length=200)   # other trees
+    with pytest.raises(SystemExit) as e:
+        train.main(["--resume", str(folder), "--data-dir", str(other)])
+    one_line(capsys, 2, "cannot be shown to be the data this run trained on", e)
+    results = train.main(["--resume", str(folder), "--data-dir", str(moved)])
+    assert "data: the run's own data (sizes, labels, examples compared), now at" in capsys.readouterr().out
+    assert abs(results["test_acc"] - full["test_acc"]) < 1e-6, "the moved data gave another run"
+
+
+def test_a_full_disk_at_the_run_folders_first_file_leaves_no_stub(data_dir, tmp_path, monkeypatch, capsys):
+    real = runs.write_whole
+    def full(path, write):
+        if path.name == "config.json":
+            return real(path, lambda tmp: (tmp.write_text("{"), (_ for _ in ()).throw(NO_SPACE)))
+        return real(path, write)
+    monkeypatch.setattr(runs, "write_whole", full)
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path / "runs", "--model", "dlr", "--task", "listops", "--epochs", "1")
+    one_line(capsys, 2, "cannot write", e)
+    assert list((tmp_path / "runs").iterdir()) == [], "a run folder stub was left on the full disk"
+
+
+# ---- another user's lock, read-only places (point 6) ----------------------------------------------------------------
+
+def test_another_users_lock_file_is_opened_read_only_and_one_that_cannot_be_opened_is_one_line(data_dir, tmp_path,
+                                                                                              monkeypatch, capsys):
+    real, refused = open, {"a"}
+    def foreign(file, mode="r", *a, **k):                            # root passes chmod: refuse as the OS would
+        if str(file).endswith(".lock") and mode in refused and os.path.exists(file):   # an existing one
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real(file, mode, *a, **k)
+    monkeypatch.setattr("builtins.open", foreign)
+    results, _ = run(data_dir, tmp_path / "a", "--model", "dlr", "--task", "listops", "--epochs", "1")
+    assert results["test_acc"] >= 0, "a lock file of another user's (mode 644) stopped the run"
+    refused.add("r")
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path / "b", "--model", "dlr", "--task", "listops", "--epochs", "1")
+    line = one_line(capsys, 2, "cannot open the lock file", e)
+    assert "make it writable" in line and "free some space" not in line, line
+
+
+def test_a_read_only_working_folder_with_the_default_data_dir_says_make_it_writable(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    real = os.mkdir
+    def read_only(path, *a, **k):
+        if str(Path(path).resolve()).startswith(str(tmp_path)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real(path, *a, **k)
+    monkeypatch.setattr(os, "mkdir", read_only)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", "dlr", "--task", "listops", "--generate", "100", *TINY, "--out", str(tmp_path / "r")])
+    line = one_line(capsys, 2, "cannot write the generated data", e)
+    assert "make it writable" in line and "free some space" not in line, line
+
+
+def test_a_resume_after_a_log_txt_cut_inside_a_character_continues_and_ends_the_line(stopped_run):
+    folder, full = stopped_run
+    with open(folder / "log.txt", "ab") as f:
+        f.write("eval finetune epoch 2 … é".encode()[:-1])               # a kill inside a 2-byte character
+    results = train.main(["--resume", str(folder)])
+    assert abs(results["test_acc"] - full["test_acc"]) < 1e-6
+    text = (folder / "log.txt").read_bytes().decode("utf-8", errors="replace")
+    assert "\ufffd\n" in text and text.rstrip().splitlines()[-1].startswith("done in"), text[-300:]
+
+
+def test_a_full_disk_at_the_first_checkpoint_is_one_line_and_leaves_no_run_folder(data_dir, tmp_path, monkeypatch,
+                                                                                  capsys):
+    save = torch.save
+    def full(obj, f, *a, **k):                                       # torch's writer meets a real ENOSPC
+        with open("/dev/full", "wb") as dev:
+            return save(obj, dev, *a, **k)
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(SystemExit) as e:
+        run(data_dir, tmp_path / "runs", "--model", "dlr", "--task", "listops", "--epochs", "1")
+    line = one_line(capsys, 2, "cannot write", e)
+    assert "best.pt" in line and "free some space" in line, line
+    assert list((tmp_path / "runs").iterdir()) == [], "a run folder without a checkpoint was left"
+
+
+def test_a_path_that_is_not_utf_8_is_used_as_the_bytes_the_os_gave(tmp_path):
+    odd = tmp_path / os.fsdecode(b"caf\xe9")                       # Latin-1 bytes: not valid UTF-8
+    generate_listops(odd / "data", 60, 9, 9, min_length=30, max_length=200)
+    done = subprocess.run([sys.executable, "train.py", "--data-dir", str(odd / "data"), "--out", str(odd / "runs"),
+                           *TINY, "--model", "dlr", "--task", "listops", "--epochs", "1"], cwd=REPO,
+                          capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONIOENCODING": "utf-8"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    (folder,) = (odd / "runs").iterdir()
+    assert b"caf\xe9/runs" in done.stdout and b"caf\xe9/runs" in (folder / "log.txt").read_bytes(), \
+        "the console and log.txt must show the path's own bytes"
+    assert runs.read_checkpoint(folder / "best.pt")["epoch"] == 1
+
+
+def test_a_cache_folder_holding_files_no_cache_holds_is_never_replaced(tmp_path):
+    damaged_listops(tmp_path)
+    files = lra_data.Files(tmp_path, cache_dir=tmp_path / "c")
+    store = lra_data.load("listops", "train", files).store
+    (store / "meta.json").unlink()
+    (store / "my_notes.txt").write_text("the user's")
+    with pytest.raises(DataError, match="holds my_notes.txt, which no cache of this repo holds"):
+        lra_data.load("listops", "train", files)
+    assert (store / "my_notes.txt").read_text() == "the user's"

@@ -42,10 +42,11 @@ import ssm
 import steps
 import train
 from lra import pathfinder
-from tools import memory, speed
+from tools import checked, memory, speed
 from tools.gpu_summary import summary_lines
 from tools.memory import device_type, memory_mib
 
+OUTPUTS = ("summary.md", "results.json", "check.tar.gz")   # all --out-dir gets (a lent machine returns 8 files)
 MARGIN_S = 15                  # the check ends this long before --minutes (writing summary.md takes well under 1 s)
 # images per second per core of the generator (results/generator_speed.txt, measured on a CPU here): how long the
 # images of a part take on this machine's cores is predicted from these before it starts
@@ -137,6 +138,11 @@ class Check:
                             gpu_memory_mib=memory_mib(args.device, "total"))
         self.out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="gpu-check-out-"))
         self.out.mkdir(parents=True, exist_ok=True)
+        theirs = [n for n in OUTPUTS if not checked.owned(self.out / n)]   # before any part: nothing overwritten
+        if theirs:
+            print(f"bench.py: error: --out-dir {self.out}: {theirs[0]} there was not written by the GPU check (not "
+                  f"in {checked.MANIFEST}); it is left untouched: pass another --out-dir", file=sys.stderr)
+            raise SystemExit(2)
         self.started, self.deadline = started, started + 60 * args.minutes - MARGIN_S
         self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))       # images, run folders, part files
         self.parts, self.data, self.names, self.margin_s = {}, {}, list(PARTS), MARGIN_S
@@ -152,17 +158,20 @@ class Check:
         happens next, this part is on disk."""
         self.parts[name] = part
         body = dict(machine=self.machine, scale=self.args.check_scale, **part)
-        (self.work / f"{name}.json").write_text(json.dumps(body, indent=1, default=str))
-        (self.out / "results.json").write_text(json.dumps(dict(machine=self.machine, scale=self.args.check_scale,
-                                                               parts=self.parts), indent=1, default=str))
-        (self.out / "summary.md").write_text("\n".join(summary_lines(self)) + "\n")
-        with tarfile.open(self.out / "check.tar.gz.tmp", "w:gz") as tar:
-            for f in sorted(self.work.glob("*.json")) + sorted(self.work.glob("*.log")):
-                tar.add(f, arcname=f.name)
-            for f in sorted((self.work / "runs").rglob("*")) if (self.work / "runs").is_dir() else []:
-                if f.is_file() and f.suffix in (".txt", ".jsonl", ".json"):
-                    tar.add(f, arcname=str(f.relative_to(self.work)))
-        os.replace(self.out / "check.tar.gz.tmp", self.out / "check.tar.gz")
+        checked.write_owned(self.work / f"{name}.json", json.dumps(body, indent=1, default=str), "bench.py --gpu-check")
+        checked.write_owned(self.out / "results.json", json.dumps(dict(machine=self.machine, scale=self.args.check_scale,
+                                                                       parts=self.parts), indent=1, default=str),
+                            "bench.py --gpu-check")
+        checked.write_owned(self.out / "summary.md", "\n".join(summary_lines(self)) + "\n", "bench.py --gpu-check")
+
+        def archive(tmp):
+            with tarfile.open(tmp, "w:gz") as tar:
+                for f in sorted(self.work.glob("*.json")) + sorted(self.work.glob("*.log")):
+                    tar.add(f, arcname=f.name)
+                for f in sorted((self.work / "runs").rglob("*")) if (self.work / "runs").is_dir() else []:
+                    if f.is_file() and f.suffix in (".txt", ".jsonl", ".json"):
+                        tar.add(f, arcname=str(f.relative_to(self.work)))
+        checked.write_owned(self.out / "check.tar.gz", archive, "bench.py --gpu-check")
 
 
 def attempt(check, name, fn, need_s):
@@ -305,10 +314,9 @@ def run_main(check, flags, n):
     res = train.main(flags)
     peak = {k: memory_mib(check.args.device, k) for k in ("peak", "reserved_peak")}
     run_dir = Path(res["run_dir"])
-    for ck in run_dir.glob("*.pt"):
-        ck.unlink()
-    config = json.loads((run_dir / "config.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    for name in ("spt.pt", "best.pt", "last.pt"):                   # the run's own checkpoints: this run made them
+        (run_dir / name).unlink(missing_ok=True)
+    config, _, records = checked.read_run_folder(run_dir, "the run just made is damaged: run the check again")
     return res, config, records, peak
 
 

@@ -168,7 +168,7 @@ def fit_exponent(rows, name, fit_from):
     rows = [r for r in rows if r["model"] == name and "seconds" in r and r["L"] >= fit_from]
     rows = [r for r in rows if r["B"] == rows[-1]["B"]] if rows else []
     fit = dict(p=None, lengths=[r["L"] for r in rows])
-    if len(rows) < FIT_POINTS:
+    if len({r["L"] for r in rows}) < FIT_POINTS:             # distinct lengths: a repeated L fits no slope
         return dict(fit, why=f"needs ≥ {FIT_POINTS} lengths ≥ fit_from {fit_from} at one B")
     pts = [(math.log(r["L"]), math.log(r["seconds"])) for r in rows]
     mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
