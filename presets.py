@@ -90,7 +90,7 @@ SPT_EPOCHS = {("s4", "listops"): 100}
 PAPER_GENERATE = {"listops": 100_000, "pathfinder": 200_000, "pathx": 200_000,  # LRA's sizes
                   "pathx256": 200_000}
 # accum_steps: the paper's batch in one step here; on a GPU train.py splits a phase's batch into
-# micro-batches that fit the card in hand (steps.plan_memory, tools/memory.py's estimate)
+# micro-batches that fit the card in hand (tools/memory.py: plan_memory, from its estimate)
 
 
 def ssm_row(model, task, spt, s4_batch):
@@ -114,7 +114,7 @@ def ssm_row(model, task, spt, s4_batch):
 
 def per_phase_accum(values, model, task):
     """accum_steps and pretrain_accum_steps: 1 (the whole batch); the card in hand decides at start-up
-    (steps.plan_memory)."""
+    (tools/memory.py: plan_memory)."""
     values.update(accum_steps=1, pretrain_accum_steps=1)
     return values
 
@@ -309,7 +309,7 @@ def apply(args, entry):
     for phase, batch, accum in (("finetune", "batch_size", "accum_steps"),
                                 ("spt", "pretrain_batch_size", "pretrain_accum_steps")):
         per_process = -(-getattr(args, batch) // world)   # rows of a global batch per process
-        # --preset paper: None = planned from the card in hand (steps.plan_memory), per process
+        # --preset paper: None = planned from the card in hand (tools/memory.py: plan_memory), per process
         if args.preset == "paper" and accum not in accum_given:
             setattr(args, accum, None)
         if world > 1 and per_process <= 1 and (phase == "finetune" or args.spt):

@@ -154,45 +154,6 @@ def precision(args, device):
     return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
 
 
-# ---- the memory plan: micro-batches from the card in hand ------------------------------------
-
-def plan_memory(args, meta, device, world):
-    """Each phase's micro-batches -> (start-up lines, config.json record). An accum_steps left None
-    (--preset paper without --accum-steps) is planned: on CUDA the smallest count that divides this
-    process's rows and whose micro-batch's estimated peak (tools/memory.py, at the length batches
-    pad to) fits HEADROOM of the card (torch.cuda.mem_get_info, never more than is free); on a CPU
-    1. A given count is kept and estimated on CUDA. Every line says micro-batch, accumulation
-    steps and estimated peak; an estimate over the card is a note, not an error (it is an
-    estimate)."""
-    from tools import memory
-    phases = [("spt", "pretrain_batch_size", "pretrain_accum_steps")] if args.spt else []
-    phases += [("finetune", "batch_size", "accum_steps")]
-    cuda, record, lines = device.type == "cuda", {}, []
-    budget, total = memory.card_budget(device) if cuda else (None, None)
-    L = max(padded_lengths(args.task, args.max_len))
-    for phase, batch, accum in phases:
-        rows = -(-getattr(args, batch) // world)            # this process's rows of a step
-        if not cuda:
-            setattr(args, accum, getattr(args, accum) or 1)
-            record[phase] = dict(batch=rows, accum_steps=getattr(args, accum),
-                                 micro_batch=-(-rows // getattr(args, accum)), L=L, est_gib=None)
-            lines.append(f"memory plan {phase}: micro-batch {record[phase]['micro_batch']} × "
-                         f"{getattr(args, accum)} accumulation steps (no card: not estimated)")
-            continue
-        plan = memory.plan_phase(args.model, args.task, meta["config"], phase, rows, L,
-                                 args.precision, budget, getattr(args, accum))
-        setattr(args, accum, plan["accum_steps"])
-        record[phase] = dict(plan, card_gib=total / 2**30)
-        lines.append(f"memory plan {phase}: micro-batch {plan['micro_batch']} × {plan['accum_steps']}"
-                     f" accumulation steps, estimated peak {plan['est_gib']:.1f} GiB at L {L} of "
-                     f"{plan['budget_gib']:.1f} GiB planned ({memory.HEADROOM:.0%} of the card's "
-                     f"{total / 2**30:.1f} GiB, at most what is free)")
-        if not plan["fits"]:
-            lines.append(f"note: {phase}: even micro-batch {plan['micro_batch']} is estimated over "
-                         f"the plan; pass a smaller --{batch.replace('_', '-')}")
-    return lines, record
-
-
 # ---- --compile: bounded graphs, counted, no silent fallback to eager ----------------------------
 
 COMPILE_BACKEND = "inductor"        # tests use "aot_eager" (traces and runs autograd, no codegen)

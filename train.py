@@ -41,7 +41,7 @@ from models import MODELS, build_model, load_model  # noqa: E402, F401  (load_mo
 from objectives import OBJECTIVES  # noqa: E402
 from presets import at_least, in_range  # noqa: E402
 from runs import fail, log  # noqa: E402
-from tools import checked, curves, loggers  # noqa: E402
+from tools import checked, curves, loggers, memory  # noqa: E402
 
 
 # ---- every flag, once ------------------------------------------------------------------------
@@ -435,7 +435,7 @@ def main(argv=None):
     knobs = ", ".join(f"{k} {getattr(args, k)}" for k in OBJECTIVES[args.objective].flags)
     plan = (f"SPT {args.objective}{f' ({knobs})' if knobs else ''}, then fine-tune" if args.spt
             else f"fine-tune from {args.init_from}" if args.init_from else "from scratch (TFS)")
-    memory_lines, memory_plan = steps.plan_memory(args, meta, device, world)   # micro-batches
+    memory_lines, memory_plan = memory.plan_memory(args, meta, device, world)   # micro-batches
     lines = runs.startup_lines(args, plan, notes, data, classifier, meta) + memory_lines
     if resume:
         lines.insert(0, f"resuming after {resume['phase']} epoch {resume['epoch']} (step "

@@ -47,12 +47,12 @@ CARDS = {"80 GB": 80 * 2**30, "141 GB (H200)": 141 * 10**9}
 
 
 def planned(monkeypatch, card_bytes, *flags):
-    """steps.plan_memory of `train.py --preset paper *flags` on a simulated CUDA card of card_bytes (all free) ->
+    """memory.plan_memory of `train.py --preset paper *flags` on a simulated CUDA card of card_bytes (all free) ->
     (args, record)."""
     monkeypatch.setattr(memory, "card_memory", lambda device: (card_bytes, card_bytes))
     args, cfg, _, _, _ = train.settle(["--preset", "paper", *flags])
     args.precision = args.precision or "bf16"
-    _, record = steps.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), 1)
+    _, record = memory.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), 1)
     return args, record
 
 

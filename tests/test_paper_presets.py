@@ -155,7 +155,7 @@ def test_an_explicit_batch_size_is_split_to_the_micro_batch_that_fits_not_the_pr
     def settings(*flags):
         args, cfg, _, _, _ = train.settle(["--model", "s4", "--task", "retrieval", "--preset", "paper", *flags])
         args.precision = "bf16"
-        steps.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), 1)
+        memory.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), 1)
         return args.batch_size, args.accum_steps
 
     batch, accum = settings()

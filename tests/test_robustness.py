@@ -205,7 +205,7 @@ def test_a_paper_presets_accumulation_is_per_process_and_halves_under_two_proces
         monkeypatch.setenv("WORLD_SIZE", str(world))
         args, cfg, _, _, _ = train.settle(["--preset", "paper", "--model", "s4", "--task", "retrieval", "--spt"])
         args.precision = "bf16"
-        steps.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), world)
+        memory.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), world)
         counts[world] = args.accum_steps
     assert counts[1] == 2 * counts[2] and counts[1] > 1, f"S4 Retrieval fine-tuning batch 256 per process: {counts}"
 

@@ -5,7 +5,7 @@ counts the bytes of every live storage, as an allocator would:
            forward and backward (activations autograd saves, temporaries)
 Check: the estimate equals a real CPU step's growth of the resident set within a few % (tests/test_memory.py; the
 table and the check: `python bench.py --memory`, results/memory.md); what it leaves out on a GPU:
-results/bench_notes.md. plan_phase splits a phase's batch into micro-batches that fit the card in hand (steps.plan_memory).
+results/bench_notes.md. plan_phase splits a phase's batch into micro-batches that fit the card in hand (plan_memory).
 """
 import ctypes
 import dataclasses
@@ -26,6 +26,7 @@ import heads
 import lra_data
 import models
 import objectives
+import steps
 
 PRECISIONS, PHASES = ["fp32", "bf16"], ["finetune", "spt"]
 GPU_GIB, HEADROOM = 80, 0.9   # fits = estimate ≤ 90 % of an 80 GB card (80 GiB); the 10 % are for what the estimate
@@ -335,3 +336,41 @@ def memory_lines(res):
                    [[r["model"], r["task"], r["phase"], r["precision"], r["B"], r["L"], f"{r['est_mib']:.1f}",
                      f"{r['measured_mib']:.1f}", f"{r['est_mib'] / r['measured_mib']:.3f}"] for r in res["check"]])
     return lines
+
+
+# ---- the memory plan: micro-batches from the card in hand ------------------------------------
+
+def plan_memory(args, meta, device, world):
+    """Each phase's micro-batches -> (start-up lines, config.json record). An accum_steps left None
+    (--preset paper without --accum-steps) is planned: on CUDA the smallest count that divides this
+    process's rows and whose micro-batch's estimated peak (tools/memory.py, at the length batches
+    pad to) fits HEADROOM of the card (torch.cuda.mem_get_info, never more than is free); on a CPU
+    1. A given count is kept and estimated on CUDA. Every line says micro-batch, accumulation
+    steps and estimated peak; an estimate over the card is a note, not an error (it is an
+    estimate)."""
+    phases = [("spt", "pretrain_batch_size", "pretrain_accum_steps")] if args.spt else []
+    phases += [("finetune", "batch_size", "accum_steps")]
+    cuda, record, lines = device.type == "cuda", {}, []
+    budget, total = card_budget(device) if cuda else (None, None)
+    L = max(steps.padded_lengths(args.task, args.max_len))
+    for phase, batch, accum in phases:
+        rows = -(-getattr(args, batch) // world)            # this process's rows of a step
+        if not cuda:
+            setattr(args, accum, getattr(args, accum) or 1)
+            record[phase] = dict(batch=rows, accum_steps=getattr(args, accum),
+                                 micro_batch=-(-rows // getattr(args, accum)), L=L, est_gib=None)
+            lines.append(f"memory plan {phase}: micro-batch {record[phase]['micro_batch']} × "
+                         f"{getattr(args, accum)} accumulation steps (no card: not estimated)")
+            continue
+        plan = plan_phase(args.model, args.task, meta["config"], phase, rows, L,
+                                 args.precision, budget, getattr(args, accum))
+        setattr(args, accum, plan["accum_steps"])
+        record[phase] = dict(plan, card_gib=total / 2**30)
+        lines.append(f"memory plan {phase}: micro-batch {plan['micro_batch']} × {plan['accum_steps']}"
+                     f" accumulation steps, estimated peak {plan['est_gib']:.1f} GiB at L {L} of "
+                     f"{plan['budget_gib']:.1f} GiB planned ({HEADROOM:.0%} of the card's "
+                     f"{total / 2**30:.1f} GiB, at most what is free)")
+        if not plan["fits"]:
+            lines.append(f"note: {phase}: even micro-batch {plan['micro_batch']} is estimated over "
+                         f"the plan; pass a smaller --{batch.replace('_', '-')}")
+    return lines, record
