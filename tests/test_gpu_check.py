@@ -24,7 +24,7 @@ from tools import gpu_check
 
 REPO = Path(__file__).resolve().parents[1]
 PARTS = list(gpu_check.PARTS)
-FILES = {"summary.md", "results.json", "check.tar.gz"}
+FILES = {"summary.md", "results.json", "check.tar.gz", ".outputs"}   # .outputs: the files it wrote (tools/checked.py)
 
 
 def numbers(x):

@@ -41,6 +41,7 @@ def number(kind, ok, rule):
         if not ok(value):
             raise argparse.ArgumentTypeError(f"{value:g} {rule}")
         return value
+    check.rule = rule                       # --help prints it (presets.FlagHelp)
     return check
 
 
