@@ -497,7 +497,7 @@ def test_compiled_run_saves_checkpoints_without_orig_mod_prefixes(data_dir, tmp_
     assert len(counted) == 2 and all(r["graphs"] > 0 and r["frames_eager"] == 0 for r in counted), counted
 
 
-def test_compiled_forward_over_12_raw_lengths_keeps_graphs_per_function_within_buckets_times_modes(monkeypatch):
+def test_compiled_forward_over_12_raw_lengths_keeps_graphs_per_function_within_buckets_times_modes(monkeypatch, request):
     # aot_eager: dynamo's graphs and AOT autograd as inductor gets them, without generating code (seconds, not 30 s)
     import torch._dynamo
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -505,8 +505,11 @@ def test_compiled_forward_over_12_raw_lengths_keeps_graphs_per_function_within_b
     import models
     import ssm
     monkeypatch.setattr(steps, "COMPILE_BACKEND", "aot_eager")
-    for key in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit"):
-        monkeypatch.setattr(torch._dynamo.config, key, getattr(torch._dynamo.config, key))
+    # restored by setattr, never by monkeypatch: a pytest that undoes a module attribute it did not find in the
+    # module's __dict__ deletes it, and a deleted dynamo config entry is hidden (every later compile then fails)
+    saved = {key: getattr(torch._dynamo.config, key)
+             for key in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit")}
+    request.addfinalizer(lambda: [setattr(torch._dynamo.config, k, v) for k, v in saved.items()])
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
