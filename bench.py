@@ -47,8 +47,8 @@ from pathlib import Path  # noqa: E402
 
 import lra_data  # noqa: E402
 from presets import at_least, in_range  # noqa: E402  (train.py's flag types)
-from steps import check_device  # noqa: E402
 from tools import checked, memory, speed  # noqa: E402
+from tools.hardware import check_device  # noqa: E402
 from tools.memory import device_type  # noqa: E402
 
 PRESETS = ["tiny", "small", "paper"]

@@ -9,8 +9,11 @@ causal: x_in = x;  loss = mean over t < length-1 of ℓ(head(h_bt), x_b,t+1)
 RTD:    x̃ = x with M replaced by samples of a small masked-denoising generator; a discriminator
         tells x̃_t ≠ x_t at every real t;  loss = L_gen + λ·L_disc, λ = 50
         (ELECTRA, Clark et al. 2020; GDES: DeBERTaV3, He et al. 2023)
-ℓ = cross-entropy over the vocabulary (token ids) or over the 256 grey levels (Pathfinder/PathX),
-L1 on the normalised value (Image).
+fine-tune: labelled, no corruption: the clean input, the class labels as targets
+loss:   batch_loss, Σ weight·ℓ / the global batch's Σ weight: every objective's but RTD's, and
+        fine-tuning's (a step: steps.train_epoch, which calls the corruption and the loss here)
+ℓ = cross-entropy over the vocabulary (token ids) or over the 256 grey levels (Pathfinder/PathX)
+or the classes, L1 on the normalised value (Image).
 Check: tests/test_denoise.py (masking rate, span lengths, pads never masked, causal targets shifted
 exactly once, RTD labels and gradient paths, the folded discriminator backbone).
 The objectives see tensors only: token ids (B, L) long, or pixel values (B, L) float, already
@@ -30,7 +33,7 @@ RTD_WEIGHT = 50.0        # λ, the discriminator's weight in L_gen + λ·L_disc 
 class Batch(NamedTuple):
     """One global batch on the device, as every DDP process sees it (each then computes its own
     rows): what a model reads, what it is scored against and where. Made by an objective (below) or
-    heads.finetune_inputs."""
+    by labelled (fine-tuning)."""
     x: torch.Tensor                  # model input: (B, L) ids | (B, L, 2) pixels [value, indicator]
                                      # | (B, 2, L) pairs
     lengths: torch.Tensor | None     # (B,) or (B, 2) real lengths; None: nothing padded
@@ -43,8 +46,8 @@ class Batch(NamedTuple):
 
 
 class Clean(NamedTuple):
-    """One batch of a task's clean inputs on the device: what an objective corrupts
-    (heads.clean_batch makes it)."""
+    """One batch of a task's clean inputs: what an objective corrupts. steps.collate makes it on
+    the host (the loader's collate) and steps.to_device moves it."""
     value: torch.Tensor              # (B, L) long token ids, or float pixel values (normalised)
     target: torch.Tensor             # (B, L) what to restore: ids / grey levels (long)
                                      # or values (float, Image)
@@ -206,11 +209,78 @@ def losses(pred, target):
     """Denoising (or classification) loss at each position, unreduced: cross-entropy for integer
     targets (classes, ids, grey levels), L1 for float targets (normalised pixels).
     pred: (..., V) logits or (..., 1) values; target: (...) -> (...) float32. The caller weights and
-    sums (heads.batch_loss: Σ weight·ℓ / the global count)."""
+    sums (batch_loss: Σ weight·ℓ / the global count)."""
     if target.is_floating_point():
         return (pred.float().squeeze(-1) - target).abs()
     return F.cross_entropy(pred.float().flatten(0, -2), target.flatten(),
                            reduction="none").view(target.shape)
+
+
+# ---- fine-tuning's batch, and the one loss of a Batch ------------------------------------------
+
+def labelled(clean, gen, progress, pair=False):
+    """Fine-tuning's "corruption": none. The clean input as the classifier reads it (pixels with a
+    zero mask indicator), the labels as targets, every example counted once (gen and progress are
+    not needed). pair (Retrieval): rows 2i, 2i+1 are example i's two documents -> x (B, 2, L),
+    lengths (B, 2)."""
+    x = mask_input(clean.value, torch.zeros(clean.value.shape, dtype=torch.bool,
+                                            device=clean.value.device), clean.mask_id)
+    lengths = clean.padded
+    if pair:
+        x = x.unflatten(0, (-1, 2))                                      # (B, 2, L)
+        lengths = None if lengths is None else lengths.unflatten(0, (-1, 2))     # (B, 2)
+    y = clean.labels
+    return Batch(x, lengths, y, torch.ones(y.shape, device=y.device))
+
+
+def batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
+    """Loss of the examples `rows` of the global batch b, summed and divided by the global batch's
+    count (times `scale`: the number of DDP processes, whose gradients DDP averages), so that rows,
+    micro-batches and processes add up to the global batch mean; and the rows' additive statistics
+    (a dict of device tensors). Classifier: logits (b, C); Denoiser: predictions at every position
+    (b, L, V), no boolean indexing (it would read the mask's size back from the device). (An
+    objective with a model of its own has its own loss: rtd_batch_loss.) The one loss of training,
+    evaluation and the memory estimate (tools/memory.py). predictions: a list that gets the rows'
+    predicted classes (b,) long (the test keeps them, for paired tests of two runs)."""
+    lengths = None if b.lengths is None else b.lengths[rows]
+    pred = model(b.x[rows], lengths)                                     # (b, C) or (b, L, V)
+    target, weight = b.target[rows], b.weight[rows]                      # (b,) or (b, L)
+    per = losses(pred, target)                                           # (b,) or (b, L) float32
+    if predictions is not None:
+        predictions.append(pred.detach().argmax(-1))                     # (b,)
+    return ((per * weight).sum() / b.weight.sum() * scale,
+            statistics(pred.detach(), target, per.detach(), weight))
+
+
+def statistics(pred, target, per, weight):
+    """Additive statistics of one batch as float64 device tensors, so many batches add up exactly
+    and are read once: n, Σloss and correct (classes) or Σ(pred − t)², Σt, Σt² (values, for
+    R²)."""
+    out = {"n": weight.sum().double(), "loss": (per * weight).sum().double()}
+    if target.is_floating_point():
+        residual = pred.float().squeeze(-1) - target
+        out.update(sse=(residual ** 2 * weight).sum().double(),
+                   sum=(target * weight).sum().double(),
+                   sumsq=(target ** 2 * weight).sum().double())
+    else:
+        out["correct"] = ((pred.argmax(-1) == target) * weight).sum().double()
+    return out
+
+
+def add(total, stats, keep=True):
+    """total + stats, key by key (keep=False: a DDP process's dummy row, counted as nothing)."""
+    return {k: total.get(k, 0) + v * keep for k, v in stats.items()}
+
+
+def metrics(total):
+    """loss and accuracy (classes) or R² = 1 − SSE/SST (values), from summed statistics; one read
+    of the device values. (An objective with other statistics has its own: rtd_metrics.)"""
+    t = totals(total)
+    n = max(t["n"], 1e-12)
+    if "sse" in t:
+        return {"loss": t["loss"] / n,
+                "r2": 1.0 - t["sse"] / max(t["sumsq"] - t["sum"] ** 2 / n, 1e-12)}
+    return {"loss": t["loss"] / n, "acc": t["correct"] / n}
 
 
 # ---- replaced-token detection (ELECTRA, Clark et al. 2020; GDES, DeBERTaV3, He et al. 2023) ------
@@ -328,7 +398,7 @@ def rtd_losses(gen_logits, disc_logits, labels, original, mask, real):
     disc (B, L) float32 = BCE(disc_logits_t, labels_t) where real, else 0. real: (B, L) bool,
     t < lengths[b] (EOS included, pads not; all True without pads).
     L = gen.sum() / mask.sum() + λ · disc.sum() / real.sum(), with the counts of the whole global
-    batch (heads.batch_loss)."""
+    batch (batch_loss)."""
     gen = torch.where(mask, losses(gen_logits, original), 0.0)                   # (B, L)
     # (B, L)
     bce = F.binary_cross_entropy_with_logits(disc_logits.float(), labels.float(), reduction="none")
@@ -351,7 +421,7 @@ def discriminator_backbone(state):
 
 
 def rtd_batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
-    """heads.batch_loss of ReplacedTokenDetection (the rtd objective's loss): L_gen + λ·L_disc of
+    """batch_loss of ReplacedTokenDetection (the rtd objective's loss): L_gen + λ·L_disc of
     the rows `rows` of the global batch b, each part over the global batch's masked / real
     positions (times `scale`, the DDP processes); statistics: the generator's and discriminator's
     sums (and λ times the latter) and the discriminator's accuracy over real positions."""

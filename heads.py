@@ -1,14 +1,12 @@
-"""heads.py: what a backbone is trained to predict on each LRA task, how a batch becomes its input,
-and the score.
+"""heads.py: what a backbone is trained to predict on each LRA task, what it reads, and which of
+a checkpoint's weights are the backbone.
 classifier:  logits = W·pool(backbone(x)) over real positions (mean / max / last); Retrieval:
              [a, b, a−b, a·b] (LRA)
 denoiser:    per-position head D -> V token ids | 256 grey levels (cross-entropy) | 1 normalised
              value (L1, Image)
-loss:        Σ_rows weight·ℓ / n_global, so rows, micro-batches and DDP processes add up to the
-             global batch mean
 Inputs: token ids stay ids; pixels become [normalised value, mask indicator] (Amos et al. 2024,
-App. C). The SPT objectives themselves (masks, next-token targets) are denoise.py's; train.py runs
-the phases.
+App. C; clean_input, which the loader's collate applies: steps.collate). The objectives (masks,
+next-token targets) and the one loss are denoise.py's; a step is steps.train_epoch.
 Check: tests/test_train.py (pooling ignores pads, metrics add up, EOS never masked, checkpoints
 reload exactly).
 """
@@ -17,7 +15,6 @@ import torch.nn as nn
 
 import denoise
 import lra_data
-from denoise import Batch
 
 
 # ---- heads: what the backbone's features are trained to predict -------------------------------
@@ -61,7 +58,7 @@ class Classifier(nn.Module):
             x = x.flatten(0, 1)                                      # (2B, L): each document alone
             lengths = None if lengths is None else lengths.flatten()     # (2B,)
         # torch.compile: an SSM backbone runs its frame eagerly (ssm.SSMBackbone.forward), which
-        # splits this frame here: one graph before, one after (steps.compiled)
+        # splits this frame here: one graph before, one after (tools/hardware.py: compiled)
         z = pool(self.backbone(x, lengths), lengths, self.pool)          # (B or 2B, D)
         if self.pair:
             a, b = z.view(B, 2, -1).unbind(1)                            # (B, D) each
@@ -142,102 +139,3 @@ def check_init_checkpoint(ck, model_name, task, config):
                         for c in (ck["config"], config))
         raise ValueError(f"its {theirs} differ from this run's {ours}; pass the model flags it was "
                          f"made with")
-
-
-# ---- one batch, its loss and metrics ----------------------------------------------------------
-
-def to_device(x, lengths, device):
-    """Move a collated batch once (non-blocking from pinned memory on CUDA); lengths -> None when
-    nothing is padded, decided on the host copy, so no device value is ever read back."""
-    padded = bool((lengths < x.size(-1)).any())                      # host tensor: no device sync
-    x = x.to(device, non_blocking=True)
-    return x, lengths.to(device, non_blocking=True) if padded else None
-
-
-def clean_batch(batch, task, device):
-    """A collated (x, lengths, labels) batch -> denoise.Clean on `device`, the one input of every
-    phase: token ids, or normalised pixel values with grey-level (Pathfinder) or value (Image)
-    targets, and the labels. Retrieval: each document a row of its own (2B rows)."""
-    x, lengths, labels = batch
-    if lra_data.TASKS[task].pair:
-        x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,)
-    x, padded = to_device(x, lengths, device)
-    lengths = lengths.to(device, non_blocking=True)
-    value, target = clean_input(x, task)                                 # (B, L) each
-    # EOS: the last real token
-    content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths
-    return denoise.Clean(value, target, lengths, content, padded, lra_data.MASK,
-                         labels.to(device, non_blocking=True))
-
-
-def classifier_batch(clean, gen, progress, pair=False):
-    """A clean batch -> the classifier's Batch: the uncorrupted input (pixels with a zero mask
-    indicator), the labels, every example counted once (gen and progress, which an SPT objective
-    uses, are not needed). pair (Retrieval): rows 2i, 2i+1 are example i's two documents ->
-    x (B, 2, L), lengths (B, 2)."""
-    x = denoise.mask_input(clean.value, torch.zeros(clean.value.shape, dtype=torch.bool,
-                                                    device=clean.value.device), lra_data.MASK)
-    lengths = clean.padded
-    if pair:
-        x = x.unflatten(0, (-1, 2))                                      # (B, 2, L)
-        lengths = None if lengths is None else lengths.unflatten(0, (-1, 2))     # (B, 2)
-    y = clean.labels
-    return Batch(x, lengths, y, torch.ones(y.shape, device=y.device))
-
-
-def finetune_inputs(batch, gen, progress, task, device):
-    """classifier_batch of a collated batch (the fine-tuning input in one call, for code outside
-    the training loop)."""
-    return classifier_batch(clean_batch(batch, task, device), gen, progress,
-                            lra_data.TASKS[task].pair)
-
-
-def batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
-    """Loss of the examples `rows` of the global batch b, summed and divided by the global batch's
-    count (times `scale`: the number of DDP processes, whose gradients DDP averages), so that rows,
-    micro-batches and processes add up to the global batch mean; and the rows' additive statistics
-    (a dict of device tensors). Classifier: logits (b, C); Denoiser: predictions at every position
-    (b, L, V), no boolean indexing (it would read the mask's size back from the device). (An
-    objective with a model of its own has its own loss: denoise.rtd_batch_loss.) The one
-    loss of training, evaluation and the memory estimate (tools/memory.py). predictions: a list that
-    gets the rows' predicted classes (b,) long (the test keeps them, for paired tests of two
-    runs)."""
-    lengths = None if b.lengths is None else b.lengths[rows]
-    pred = model(b.x[rows], lengths)                                     # (b, C) or (b, L, V)
-    target, weight = b.target[rows], b.weight[rows]                      # (b,) or (b, L)
-    per = denoise.losses(pred, target)                                   # (b,) or (b, L) float32
-    if predictions is not None:
-        predictions.append(pred.detach().argmax(-1))                     # (b,)
-    return ((per * weight).sum() / b.weight.sum() * scale,
-            statistics(pred.detach(), target, per.detach(), weight))
-
-
-def statistics(pred, target, per, weight):
-    """Additive statistics of one batch as float64 device tensors, so many batches add up exactly
-    and are read once: n, Σloss and correct (classes) or Σ(pred − t)², Σt, Σt² (values, for
-    R²)."""
-    out = {"n": weight.sum().double(), "loss": (per * weight).sum().double()}
-    if target.is_floating_point():
-        residual = pred.float().squeeze(-1) - target
-        out.update(sse=(residual ** 2 * weight).sum().double(),
-                   sum=(target * weight).sum().double(),
-                   sumsq=(target ** 2 * weight).sum().double())
-    else:
-        out["correct"] = ((pred.argmax(-1) == target) * weight).sum().double()
-    return out
-
-
-def add(total, stats, keep=True):
-    """total + stats, key by key (keep=False: a DDP process's dummy row, counted as nothing)."""
-    return {k: total.get(k, 0) + v * keep for k, v in stats.items()}
-
-
-def metrics(total):
-    """loss and accuracy (classes) or R² = 1 − SSE/SST (values), from summed statistics; one read
-    of the device values. (An objective with other statistics has its own: denoise.rtd_metrics.)"""
-    t = denoise.totals(total)
-    n = max(t["n"], 1e-12)
-    if "sse" in t:
-        return {"loss": t["loss"] / n,
-                "r2": 1.0 - t["sse"] / max(t["sumsq"] - t["sum"] ** 2 / n, 1e-12)}
-    return {"loss": t["loss"] / n, "acc": t["correct"] / n}

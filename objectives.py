@@ -65,8 +65,8 @@ class Objective(NamedTuple):
     flags: dict                 # its own flags, name -> Flag; results.json records their values
     doc: str                    # one line, for --help and the start-up lines
     model: Callable = denoiser  # (backbone, run, **flags) -> the SPT model around the backbone
-    loss: Callable = heads.batch_loss   # (model, batch, rows, scale) -> (loss, statistics)
-    metrics: Callable = heads.metrics   # summed statistics -> {"loss": ..., ...}
+    loss: Callable = denoise.batch_loss  # (model, batch, rows, scale) -> (loss, statistics)
+    metrics: Callable = denoise.metrics  # summed statistics -> {"loss": ..., ...}
     backbone: Callable = as_saved   # the SPT model's state_dict -> backbone.* keys to fine-tune
     refuse: Callable = no_reason    # (run, **flags) -> why this run cannot use it, or None
 

@@ -16,16 +16,14 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from functools import cache
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from tools import checked
+from tools import checked, provenance
 
 try:
     import fcntl  # POSIX file locks; absent on Windows
@@ -106,17 +104,38 @@ def append_line(path, text):
 
 # ---- stops: Ctrl-C and SIGTERM -------------------------------------------------------------------
 
-STOP = {"cause": "Ctrl-C"}
+STOP = {"cause": "Ctrl-C", "held": 0, "pending": False}
 
 
 def stop_on_sigterm():
     """SIGTERM (a scheduler's time limit, `kill`) raises KeyboardInterrupt, so it stops a run as
-    Ctrl-C does; left alone when the caller (the GPU check) has a handler of its own."""
+    Ctrl-C does, and both wait while `held_stops` holds them; each signal left alone when the caller
+    (the GPU check) has a handler of its own."""
     def stop(signum, frame):
-        STOP["cause"] = "SIGTERM"
+        STOP["cause"] = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        if STOP["held"]:                            # inside held_stops: it raises at the block's end
+            STOP["pending"] = True
+            return
         raise KeyboardInterrupt
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, stop)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, stop)
+
+
+@contextlib.contextmanager
+def held_stops():
+    """A stop (Ctrl-C, SIGTERM: stop_on_sigterm's handler) that arrives inside the block waits for
+    its end, then raises KeyboardInterrupt there: files written together (a best checkpoint and
+    last.pt, which names that best) are never left half a pair."""
+    STOP["held"] += 1
+    try:
+        yield
+    finally:
+        STOP["held"] -= 1
+    if not STOP["held"] and STOP["pending"]:
+        STOP["pending"] = False
+        raise KeyboardInterrupt
 
 
 def stop_status():
@@ -161,7 +180,7 @@ def stopped_in(folder=None):
         raise SystemExit(stop_status()) from None
 
 
-# ---- locks, the commit, the machine --------------------------------------------------------------
+# ---- locks ----------------------------------------------------------------------------------------------
 
 def hold_lock(folder):
     """Lock run folder `folder` for this process (rank 0): an open file with an exclusive flock,
@@ -187,34 +206,6 @@ def release_lock(lock):
     process that opened it just before lock the deleted file while a third locks a new one."""
     if lock is not None:
         lock.close()
-
-
-@cache  # asked for by the log's device line and by config.json: one git call per run
-def git_commit():
-    """Short commit of this file's repo, plus -dirty when a tracked file differs from it (new files,
-    such as the run folders a study writes in the repo, do not count), or 'unknown' outside git."""
-    here = Path(__file__).resolve().parent
-    try:
-        run = lambda *a: subprocess.run(["git", *a], cwd=here, capture_output=True,  # noqa: E731
-                                        text=True, timeout=5).stdout.strip()
-        dirty = run("status", "--porcelain", "--untracked-files=no")
-        return (run("rev-parse", "--short", "HEAD") or "unknown") + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def machine(device):
-    """What a run's numbers depend on besides the code: CPU model, threads, GPU name on CUDA."""
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name")), cpu)
-    out = dict(cpu=cpu, torch_threads=torch.get_num_threads(),
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"))
-    if torch.device(device).type == "cuda":
-        out["gpu"] = torch.cuda.get_device_name(device)
-    return out
 
 
 # ---- the state of a run and of a phase -----------------------------------------------------------
@@ -252,10 +243,10 @@ def startup_lines(args, plan, notes, data, classifier, meta):
     n_head = sum(p.numel() for p in classifier.head.parameters())
     sizes = " / ".join(f"{split} {len(data.splits[split]):,}" for split in ("train", "val", "test"))
     settings = {**vars(args), "ssm_lr": meta["config"].get("ssm_lr", args.ssm_lr)}   # the lr in use
-    where = machine(args.device)
+    where = provenance.machine(args.device)
     return [*notes, f"run: {args.model} on {args.task} | {plan} | seed {args.seed}",
             f"device {args.device}{extras} | torch {torch.__version__} | {where['cpu']} | "
-            f"threads {where['torch_threads']} | git {git_commit()}",
+            f"threads {where['torch_threads']} | git {provenance.git_commit()}",
             "settings: " + " ".join(f"{k}={v}" for k, v in settings.items()),
             f"data: {data.source} | {sizes} | {data.seconds:.1f} s",
             *(f"data note: {n}" for n in data.notes),
@@ -268,9 +259,9 @@ def startup_lines(args, plan, notes, data, classifier, meta):
 def run_meta(meta, args, argv, data, device):
     """config.json: the model's description, all settings, and what else the numbers depend on."""
     return dict(meta, preset=args.preset, device=str(device), torch=torch.__version__,
-                git=git_commit(), data_source=data.source, data_notes=data.notes,
+                git=provenance.git_commit(), data_source=data.source, data_notes=data.notes,
                 data_fingerprint=data.fingerprint,
-                machine=machine(device), command=sys.argv if argv is None else ["train.py", *argv],
+                machine=provenance.machine(device), command=sys.argv if argv is None else ["train.py", *argv],
                 deterministic={"algorithms": torch.are_deterministic_algorithms_enabled(),
                                "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")})
 
@@ -295,10 +286,12 @@ def save_checkpoint(path, state):
 def save_evaluation(folder, best_file, state):
     """After an evaluation (rank 0): the best checkpoint when it improved (best_file, else None),
     then last.pt, so that a resume never misses a best, then the evaluation's log line and record,
-    state["log"], which last.pt carries: a stop between the two loses nothing (catch_up_log)."""
+    state["log"], which last.pt carries. A Ctrl-C or SIGTERM waits for all three (held_stops); a
+    crash between last.pt and the log loses nothing (catch_up_log)."""
     if rank() > 0:
         return
-    with stopping_at(f"{state['phase']} epoch {state['epoch']}, writing checkpoints and log"):
+    with stopping_at(f"{state['phase']} epoch {state['epoch']}, writing checkpoints and log"), \
+            held_stops():                           # a stop between the two: resume would reject it
         if best_file:
             save_checkpoint(folder / best_file, state)
         save_checkpoint(folder / "last.pt", state)
@@ -467,22 +460,23 @@ def run_folder(args, meta, lines, lock=None):
                  f"{args.data_dir}"] * moved + lines
     else:
         kind = "spt" if args.spt else ("init" if args.init_from else "tfs")
-        folder = Path(args.out) / (f"{args.task}-{args.model}-{kind}-s{args.seed}-"
-                                   f"{time.strftime('%Y%m%d-%H%M%S')}")
-        suffix = 1
-        while folder.exists():                      # two runs started in the same second
-            folder, suffix = (folder.with_name(folder.name.rsplit("+", 1)[0] + f"+{suffix}"),
-                              suffix + 1)
+        stem = Path(args.out) / (f"{args.task}-{args.model}-{kind}-s{args.seed}-"
+                                 f"{time.strftime('%Y%m%d-%H%M%S')}")
+        folder, suffix = stem, 1
+        while rank() == 0:                          # mkdir claims the name: exists() then mkdir races
+            try:
+                folder.mkdir(parents=True)
+                break
+            except FileExistsError:                 # another run started in the same second
+                folder, suffix = stem.with_name(f"{stem.name}+{suffix}"), suffix + 1
+            except OSError as e:                    # read-only file system, no permission, ...
+                fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); "
+                     f"pass a writable folder")
         if world > 1:                               # the processes' clocks may be a second apart
             shared = [folder]
             dist.broadcast_object_list(shared, src=0)
             folder = shared[0]
     if rank() == 0 and not args.resume:
-        try:
-            folder.mkdir(parents=True)
-        except OSError as e:                        # read-only file system, no permission, ...
-            fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); "
-                 f"pass a writable folder")
         lock = hold_lock(folder)
     try:
         if rank() == 0 and not args.resume:

@@ -1,4 +1,8 @@
-"""steps.py: how one training step runs on the hardware, the GPU path under train.py's loop.
+"""steps.py: one training step, top to bottom (train_epoch: batch -> corruption -> forward -> loss
+-> backward -> guarded optimiser step), and how it runs on the hardware. Besides this file a step
+reads only denoise.py (the objective's corruption and the loss) and the model's forward.
+batch:      the loader's collate makes the clean batch on the host (pads, pixels normalised, the
+            grey-level targets); the step moves it to the device once (to_device)
 precision:  --precision decided once: bf16 / fp16 autocast (+ gradient scaler), tf32, fp32; TF32 set
             explicitly
 DDP:        every process reads the whole global batch and keeps its rows (uneven shards allowed:
@@ -10,23 +14,21 @@ guard:      a non-finite update is skipped on the device (fused AdamW's found_in
 loaders:    a seeded order per epoch (its state in last.pt), pinned memory and persistent workers on
             CUDA
 Check: tests/test_robustness.py (2 and 3 processes equal 1, accumulation equals one batch, no host
-reads per step).
+reads per step), tests/test_fork.py (the files one step reads, traced).
 """
 import contextlib
 import hashlib
 import json
 import math
-import os
-import sys
-import tempfile
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from tqdm import tqdm
 
+import denoise
+import heads
 import lra_data
 import runs
 from runs import fail
@@ -34,6 +36,89 @@ from ssm import set_tf32
 
 # the progress bar and the non-finite guard read device values once every this many steps
 PROGRESS_STEPS = 25
+
+
+# ---- one training step, top to bottom --------------------------------------------------------
+
+def train_epoch(state, batches, desc):
+    """One pass over `batches`, each step as in nanoGPT: the global batch to the device, the
+    phase's corruption (an SPT objective's, or fine-tuning's denoise.labelled), forward and
+    backward over accum_steps micro-batches of this process's rows (DDP syncs gradients on the
+    last), the guarded optimiser step and the schedule (guard_step). The corruption sees the
+    progress (step / steps): a schedule is a local change. Device values are read once per
+    PROGRESS_STEPS steps. Returns this process's training statistics; a stop (Ctrl-C, SIGTERM) is
+    re-raised naming the step."""
+    (rank, world), phase, train = rank_and_world(), state.phase, {}
+    where = lambda: f"{desc.replace(' ', ' epoch ', 1)}, step {state.step}"  # noqa: E731
+    with runs.stopping_at(where), progress_bar(batches, desc, disable=rank > 0) as bar:
+        for batch in bar:
+            clean = to_device(batch, state.device)          # denoise.Clean, made by collate
+            b = phase.prepare(clean, state.gens["mask"], state.step / state.total)   # Batch
+            rows, keep = shard(len(b.weight))               # this process's examples of the batch
+            parts = micro_batches(rows, phase.accum_steps)
+            bad_loss = torch.zeros((), dtype=torch.bool, device=state.device)
+            for i, part in enumerate(parts):
+                with state.no_sync(last=i == len(parts) - 1), state.amp():
+                    loss, stats = phase.loss(state.forward, b, part, world)
+                (state.scaler.scale(loss * keep) if state.scaler else loss * keep).backward()
+                train = denoise.add(train, stats, keep)
+                bad_loss = bad_loss | ~torch.isfinite(loss.detach())
+            guard_step(state, bad_loss)
+            if state.step % PROGRESS_STEPS == 0 or state.step >= state.total:
+                check_finite(state, phase.name)
+                bar.set_postfix({k: f"{v:.4f}" for k, v in phase.metrics(train).items()})
+            if state.step >= state.total:
+                break
+        check_finite(state, phase.name)
+    return train
+
+
+@torch.no_grad()
+def evaluate(model, phase, loader, seed, amp, predictions=None):
+    """phase.metrics over a whole split, summed on the device and read once; SPT masks come from a
+    generator re-seeded each time, so epochs compare alike. DDP: each process scores its rows of
+    every batch, the sums are added. predictions: a list that gets the predicted classes."""
+    model.eval()
+    device = next(model.parameters()).device
+    gen, total = torch.Generator(device).manual_seed(seed), {}
+    for batch in loader:
+        b = phase.prepare(to_device(batch, device), gen, 1.0)
+        rows, keep = shard(len(b.weight))
+        with amp():
+            kept = predictions if keep else None            # a DDP dummy row predicts nothing,
+            if predictions is not None and not keep:        # but keeps the batches in step
+                predictions.append(torch.zeros(0, dtype=torch.long, device=device))
+            total = denoise.add(total, phase.loss(model, b, rows, predictions=kept)[1], keep)
+    model.train()
+    return phase.metrics(all_sum(total))
+
+
+# ---- the batch: the loader's collate, then the device ------------------------------------------
+
+def collate(examples, task):
+    """The loader's collate_fn (on the host, in its workers on CUDA): [(x, label)] of `task` ->
+    denoise.Clean: lra_data.collate's padded batch, token ids as they are or pixels as normalised
+    values with grey-level (Pathfinder) or value (Image) targets (heads.clean_input), the labels.
+    Retrieval: each document a row of its own (2B rows). padded is None when nothing is padded,
+    decided here on the host, so the step never reads a device value to know."""
+    x, lengths, labels = lra_data.collate(examples)                  # (B, L) or (B, 2, L)
+    if lra_data.TASKS[task].pair:
+        x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,)
+    padded = lengths if bool((lengths < x.size(-1)).any()) else None
+    value, target = heads.clean_input(x, task)                           # (B, L) each
+    # content: the positions an objective may mask; a token task's last real token is the EOS
+    content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths
+    return denoise.Clean(value, target, lengths, content, padded, lra_data.MASK, labels)
+
+
+def to_device(clean, device):
+    """A collated denoise.Clean on `device`, each tensor moved once (non-blocking from pinned
+    memory on CUDA; a no-op on the CPU)."""
+    move = lambda t: t.to(device, non_blocking=True)                # noqa: E731
+    lengths = move(clean.lengths)
+    return clean._replace(value=move(clean.value), target=move(clean.target), lengths=lengths,
+                          content=move(clean.content), labels=move(clean.labels),
+                          padded=None if clean.padded is None else lengths)
 
 
 # ---- DDP: which rows of a batch are this process's, and sums over processes ---------------------
@@ -65,75 +150,6 @@ def all_sum(total):
     return dict(zip(total, values.unbind()))
 
 
-def deterministic(on):
-    """--deterministic: torch's deterministic algorithms (an op without a deterministic kernel stops
-    the run with torch's error naming it) and cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG
-    ":4096:8", which cuBLAS reads when CUDA starts: so this runs before any CUDA call); cuDNN's
-    autotuner off. Costs speed on a GPU (docs/gpu.md); a CPU run is deterministic anyway. What is
-    in force goes into config.json (runs.run_meta)."""
-    if on:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-
-
-def setup_device(args):
-    """-> (device, world size): checks --device and that --out can be written (making --out
-    itself); settles --deterministic (before any CUDA call), --precision (printed, in config.json)
-    and --workers."""
-    deterministic(getattr(args, "deterministic", False))
-    try:
-        device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except ValueError as e:
-        fail(f"--device {args.device}: {e}")
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    args.device = str(device)                       # resolved once, printed, in config.json
-    args.precision = precision(args, device)[0]     # resolved once, printed, in config.json
-    if args.workers is None:                        # CUDA: loader processes keep the GPU fed
-        args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
-    # known now, not after the data was prepared: try writing where the run folder will be made
-    if not args.resume and int(os.environ.get("RANK", 0)) == 0:
-        probe = Path(args.out).resolve()
-        while not probe.exists():
-            probe = probe.parent
-        try:
-            tempfile.TemporaryFile(dir=probe).close()
-        except OSError as e:
-            fail(f"--out {args.out}: cannot write there ({e.strerror}); pass a writable folder")
-    return device, world
-
-
-def check_device(text):
-    """A --device value (cpu, cuda, cuda:1, ...) -> torch.device, checked against the devices
-    PyTorch sees (train.py and bench.py). Raises ValueError with what to pass instead."""
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        raise ValueError("not a device; use cpu, cuda, cuda:1, ...") from None
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError("only cpu and cuda are supported")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("no CUDA device is visible to PyTorch; use --device cpu")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ValueError(f"only {torch.cuda.device_count()} CUDA device(s) are visible")
-    return device
-
-
-def join_process_group(device, world):
-    """Under torchrun: one process per GPU (NCCL) or CPU process (gloo); only rank 0 prints. Returns
-    the device."""
-    if world == 1:
-        return device
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-    cuda = device.type == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
-    if dist.get_rank() > 0:                         # only rank 0 prints, logs and saves
-        sys.stdout = open(os.devnull, "w")
-    return device
-
-
 def precision(args, device):
     """The one place that decides numeric precision -> (name, autocast context factory, GradScaler
     or None). Default: bf16 autocast on CUDA with compute capability ≥ 8, fp16 autocast with a
@@ -154,59 +170,6 @@ def precision(args, device):
     return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
 
 
-# ---- --compile: bounded graphs, counted, no silent fallback to eager ----------------------------
-
-COMPILE_BACKEND = "inductor"        # tests use "aot_eager" (traces and runs autograd, no codegen)
-
-
-def padded_lengths(task, max_len=None):
-    """The lengths a batch of `task` can have after lra_data.collate: its buckets up to the longest
-    input (token tasks; --max-len cuts documents), or the one image length (pixel tasks)."""
-    spec = lra_data.TASKS[task]
-    if spec.kind == "pixels":
-        return [spec.max_len]
-    longest = min(spec.max_len, max_len + 1 if max_len else spec.max_len)  # + EOS
-    return sorted({lra_data.bucket_length(n) for n in range(1, longest + 1)})
-
-
-def compiled(forward, args):
-    """torch.compile(forward) for a run of args.task: static shapes (dynamic=False), so each
-    function compiles one graph per padded length and mode (train with autograd, eval under
-    no_grad): automatic dynamic shapes would not save that here, since the FFT size
-    (ssm.fft_length) branches on L and guards each length anyway. torch's recompile limit is
-    raised to that bound for two phases (SPT's model and the classifier run the same functions)
-    and hitting it is an error (fail_on_recompile_limit_hit), not a silent fallback to eager.
-    The graph breaks that remain: one per SSM layer at SSMLayer.kernel_of (the kernel is
-    complex-valued and its loops depend on L: torch.compiler.disable keeps it eager, the fork
-    recipe's kernel contract), and the classifier's frame at the SSM backbone, whose own frame
-    runs its layer loop eagerly (ssm.SSMBackbone.forward); compile_summary counts them."""
-    import torch._dynamo
-    bound = 2 * 2 * len(padded_lengths(args.task, args.max_len))  # modes × phases × lengths
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, bound)
-    torch._dynamo.config.accumulated_recompile_limit = max(
-        torch._dynamo.config.accumulated_recompile_limit, 8 * bound)
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
-    return torch.compile(forward, backend=COMPILE_BACKEND, dynamic=False)
-
-
-def compile_summary(phase):
-    """-> (line for log.txt, record for log.jsonl) after `phase`: torch._dynamo's counters for this
-    process so far: graphs compiled, frames dynamo ran eagerly, graph breaks by reason (the first
-    line of each)."""
-    from torch._dynamo.utils import counters
-    graphs, frames = counters["stats"]["unique_graphs"], counters["frames"]
-    breaks = {}
-    for reason, n in counters["graph_break"].items():
-        short = reason.splitlines()[0][:80]
-        breaks[short] = breaks.get(short, 0) + n
-    eager = frames["total"] - frames["ok"]
-    line = (f"compile after {phase}: {graphs} graphs compiled in {frames['ok']} frames; fallback to eager: "
-            f"{f'{eager} frames' if eager else 'none'}; graph breaks: "
-            + ("; ".join(f"{n} × {r}" for r, n in breaks.items()) or "none"))
-    return line, {"phase": "compile", "after": phase, "graphs": graphs, "frames_compiled": frames["ok"], "frames_eager": eager,
-                  "graph_breaks": breaks}
-
-
 class SeededOrder(torch.utils.data.Sampler):
     """A new permutation of the n examples at every pass, drawn from `gen` (its state is in
     last.pt), so one DataLoader (with persistent workers) serves every epoch and the order is that
@@ -223,15 +186,15 @@ class SeededOrder(torch.utils.data.Sampler):
 
 
 def loader(dataset, batch_size, args, device, order=None):
-    """Batches of `dataset` padded by lra_data.collate (token batches to a few bucketed lengths): in
-    a new seeded order each epoch (order: a torch.Generator) or in order. CUDA: pinned memory,
-    persistent workers that prefetch."""
+    """Clean batches (collate) of `dataset`, a task args.task's split: in a new seeded order each
+    epoch (order: a torch.Generator) or in order. CUDA: pinned memory, persistent workers that
+    prefetch (and collate)."""
     workers, cuda = args.workers, device.type == "cuda"
     # its worker seeds: not from the global (dropout) RNG
     seeds = torch.Generator().manual_seed(args.seed + 4)
     return torch.utils.data.DataLoader(
         dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
-        collate_fn=lra_data.collate, num_workers=workers, pin_memory=cuda,
+        collate_fn=partial(collate, task=args.task), num_workers=workers, pin_memory=cuda,
         persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
         generator=seeds)
 

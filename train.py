@@ -8,8 +8,8 @@ phase 2:         the same backbone + a fresh pooled classifier learn the labels;
     python train.py --resume runs/<run folder>                           # continue a stopped run
     torchrun --nproc_per_node=4 train.py --model s4 --task pathx --spt   # DDP, global --batch-size
 Reading order: the flags (parse_flags: each flag once, with its range; MODELS is in models.py,
-OBJECTIVES in objectives.py), one phase (run_phase, train_epoch), the method (run_both_phases),
-main() by steps.
+OBJECTIVES in objectives.py), one phase (run_phase; its steps: steps.train_epoch, top to bottom),
+the method (run_both_phases), main() by steps.
 Check: tests/test_train.py, test_robustness.py, test_faults.py, test_fork.py (docs/fork.md).
 """
 import argparse
@@ -41,7 +41,7 @@ from models import MODELS, build_model, load_model  # noqa: E402, F401  (load_mo
 from objectives import OBJECTIVES  # noqa: E402
 from presets import at_least, in_range  # noqa: E402
 from runs import fail, log  # noqa: E402
-from tools import checked, curves, loggers, memory  # noqa: E402
+from tools import checked, curves, hardware, loggers, memory, provenance  # noqa: E402
 
 
 # ---- every flag, once ------------------------------------------------------------------------
@@ -127,9 +127,8 @@ class Phase(NamedTuple):
     accum_steps: int            # micro-batches per step: the same update in less memory
     best_file: str              # spt.pt or best.pt: kept for the next phase / the test
     select: str                 # the validation metric that picks it: "loss" or "acc"
-    inputs: Callable            # collated batch -> denoise.Clean on the device (heads.clean_batch)
     prepare: Callable           # (clean, gen, progress) -> denoise.Batch: the objective's
-                                # corruption (SPT) or the labels (heads.classifier_batch)
+                                # corruption (SPT) or the labels (denoise.labelled)
     loss: Callable              # (model, batch, rows, scale) -> (loss, statistics)
     metrics: Callable           # summed statistics -> {"loss": ..., "acc": ...}
     patience: int = 0           # stop after this many evaluations without improvement (0: never)
@@ -147,7 +146,7 @@ def run_phase(phase, model, run, splits, resume=None):
     if world > 1:
         state.forward = DDP(model, device_ids=[run.device] if run.device.type == "cuda" else None)
     if args.compile:
-        state.forward = steps.compiled(state.forward, args)  # `model` is saved: plain keys
+        state.forward = hardware.compiled(state.forward, args)  # `model` is saved: plain keys
     ssm_lr = run.meta["config"].get("ssm_lr", phase.lr)
     ssm_names = MODELS[args.model].ssm_params
     groups = steps.param_groups(model, phase.lr, args.weight_decay, ssm_lr, ssm_names)
@@ -175,12 +174,12 @@ def run_phase(phase, model, run, splits, resume=None):
         last = epoch
         if rank > 0:            # own dropout masks per process; rank 0's RNG is the one saved
             torch.manual_seed(args.seed + 1000 * rank + epoch)
-        train = train_epoch(state, batches, f"{phase.name} {epoch}/{phase.epochs}")
-        since_eval = heads.add(since_eval, train)
+        train = steps.train_epoch(state, batches, f"{phase.name} {epoch}/{phase.epochs}")
+        since_eval = denoise.add(since_eval, train)
         if epoch % args.eval_every and epoch < phase.epochs and state.step < state.total:
             continue                                        # evaluate every k-th epoch and the last
         with runs.stopping_at(f"{phase.name} epoch {epoch}/{phase.epochs}, evaluation"):
-            val = evaluate(state.forward, phase, val_batches, args.seed + 3, state.amp)
+            val = steps.evaluate(state.forward, phase, val_batches, args.seed + 3, state.amp)
             steps.check_finite_eval(phase, epoch, val, best)    # never a non-finite best or last
             improved = best["epoch"] == 0 or score(val) > score(best["val"])
             if improved:
@@ -196,7 +195,7 @@ def run_phase(phase, model, run, splits, resume=None):
             runs.save_evaluation(run.folder, phase.best_file if improved else None, saved)
         since_eval = {}
     if args.compile:                                        # graphs so far, fallbacks, breaks
-        log(run.folder, *steps.compile_summary(phase.name))
+        log(run.folder, *hardware.compile_summary(phase.name))
     stopped = 0 < phase.patience <= stale
     if stopped:
         log(run.folder, f"{phase.name}: stopped after epoch {last}/{phase.epochs}: "
@@ -206,58 +205,6 @@ def run_phase(phase, model, run, splits, resume=None):
     return {"metric": best["name"], "best": best["value"], "epoch": best["epoch"],
             "val": best["val"], "steps": state.step, "seconds": before + time.time() - start,
             "last_epoch": last, "stopped_early": stopped}
-
-
-def train_epoch(state, batches, desc):
-    """One pass over `batches`, each step as in nanoGPT: the global batch to the device, forward
-    and backward over accum_steps micro-batches of this process's rows (DDP syncs gradients on the
-    last), the guarded optimiser step and the schedule (steps.guard_step). The batch preparation
-    sees the progress (step / steps): a schedule is a local change. Device values are read once
-    per steps.PROGRESS_STEPS steps. Returns this process's training statistics; a stop (Ctrl-C,
-    SIGTERM) is re-raised naming the step."""
-    (rank, world), phase, train = steps.rank_and_world(), state.phase, {}
-    where = lambda: f"{desc.replace(' ', ' epoch ', 1)}, step {state.step}"  # noqa: E731
-    with runs.stopping_at(where), steps.progress_bar(batches, desc, disable=rank > 0) as bar:
-        for batch in bar:
-            clean = phase.inputs(batch)                     # to the device; pixels normalised
-            b = phase.prepare(clean, state.gens["mask"], state.step / state.total)
-            rows, keep = steps.shard(len(b.weight))         # this process's examples of the batch
-            parts = steps.micro_batches(rows, phase.accum_steps)
-            bad_loss = torch.zeros((), dtype=torch.bool, device=state.device)
-            for i, part in enumerate(parts):
-                with state.no_sync(last=i == len(parts) - 1), state.amp():
-                    loss, stats = phase.loss(state.forward, b, part, world)
-                (state.scaler.scale(loss * keep) if state.scaler else loss * keep).backward()
-                train = heads.add(train, stats, keep)
-                bad_loss = bad_loss | ~torch.isfinite(loss.detach())
-            steps.guard_step(state, bad_loss)
-            if state.step % steps.PROGRESS_STEPS == 0 or state.step >= state.total:
-                steps.check_finite(state, phase.name)
-                bar.set_postfix({k: f"{v:.4f}" for k, v in phase.metrics(train).items()})
-            if state.step >= state.total:
-                break
-        steps.check_finite(state, phase.name)
-    return train
-
-
-@torch.no_grad()
-def evaluate(model, phase, loader, seed, amp, predictions=None):
-    """phase.metrics over a whole split, summed on the device and read once; SPT masks come from a
-    generator re-seeded each time, so epochs compare alike. DDP: each process scores its rows of
-    every batch, the sums are added. predictions: a list that gets the predicted classes."""
-    model.eval()
-    device = next(model.parameters()).device
-    gen, total = torch.Generator(device).manual_seed(seed), {}
-    for batch in loader:
-        b = phase.prepare(phase.inputs(batch), gen, 1.0)
-        rows, keep = steps.shard(len(b.weight))
-        with amp():
-            kept = predictions if keep else None            # a DDP dummy row predicts nothing,
-            if predictions is not None and not keep:        # but keeps the batches in step
-                predictions.append(torch.zeros(0, dtype=torch.long, device=device))
-            total = heads.add(total, phase.loss(model, b, rows, predictions=kept)[1], keep)
-    model.train()
-    return phase.metrics(steps.all_sum(total))
 
 
 # ---- the method: pre-train, fine-tune, test ----------------------------------------------------
@@ -270,9 +217,8 @@ def pretrain(run, splits, resume):
     flags = {k: getattr(args, k) for k in objective.flags}       # its own flags, by name
     torch.manual_seed(args.seed)
     spt = run.with_meta(head=objectives.spt_head(args.objective, flags))
-    inputs = partial(heads.clean_batch, task=args.task, device=run.device)
     phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size,
-                  args.pretrain_accum_steps, "spt.pt", "loss", inputs,
+                  args.pretrain_accum_steps, "spt.pt", "loss",
                   objective.bound("prepare", flags), objective.loss, objective.metrics,
                   args.pretrain_patience)
     return run_phase(phase, build_model(spt.meta).to(run.device), spt, splits, resume)
@@ -302,7 +248,7 @@ def test(classifier, run, splits, phase):
         classifier.load_state_dict(best["model"])
         batches, predicted = steps.loader(splits["test"], args.batch_size, args, run.device), []
         amp = steps.precision(args, run.device)[1]
-        result = evaluate(classifier, phase, batches, args.seed + 3, amp, predicted)
+        result = steps.evaluate(classifier, phase, batches, args.seed + 3, amp, predicted)
         steps.write_predictions(run.folder, splits["test"], predicted)
     return result
 
@@ -316,10 +262,9 @@ def run_both_phases(run, classifier, splits, resume, init_ck):
         seconds["spt"] = spt["seconds"]
     if (args.spt or args.init_from) and not resuming_ft:    # else last.pt holds the whole state
         load_pretrained(classifier, run, init_ck)
-    inputs = partial(heads.clean_batch, task=args.task, device=run.device)
-    labels = partial(heads.classifier_batch, pair=lra_data.TASKS[args.task].pair)
+    labels = partial(denoise.labelled, pair=lra_data.TASKS[args.task].pair)
     phase = Phase("finetune", args.epochs, args.lr, args.batch_size, args.accum_steps, "best.pt",
-                  "acc", inputs, labels, heads.batch_loss, heads.metrics)
+                  "acc", labels, denoise.batch_loss, denoise.metrics)
     ft = run_phase(phase, classifier, run.with_meta(spt=spt), splits,
                    resume if resuming_ft else None)
     seconds["finetune"], t_test = ft["seconds"], time.time()
@@ -428,9 +373,9 @@ def main(argv=None):
     runs.stop_on_sigterm()                          # a scheduler's SIGTERM is a Ctrl-C
     checked.console_as_os_bytes()                   # a path of any bytes prints as the OS gave it
     args, cfg, notes, resume, lock = settle(argv)
-    device, world = steps.setup_device(args)        # also --precision and --workers
+    device, world = hardware.setup_device(args)        # also --precision and --workers
     data = prepare_data(args)                       # before any collective (DDP start-up)
-    device = steps.join_process_group(device, world)
+    device = hardware.join_process_group(device, world)
     meta, classifier, init_ck = build(args, cfg, device, resume)
     knobs = ", ".join(f"{k} {getattr(args, k)}" for k in OBJECTIVES[args.objective].flags)
     plan = (f"SPT {args.objective}{f' ({knobs})' if knobs else ''}, then fine-tune" if args.spt
@@ -451,7 +396,7 @@ def main(argv=None):
         results.update(params=sum(p.numel() for p in classifier.parameters()),
                        n_train=len(data.splits["train"]), data_source=data.source,
                        data_notes=data.notes, preset=args.preset, device=str(device),
-                       processes=world, machine=runs.machine(device), run_dir=str(folder))
+                       processes=world, machine=provenance.machine(device), run_dir=str(folder))
         seconds = {"data": data.seconds, **results["wall_time_s"]}
         results["wall_time_s"] = {**seconds, "total": sum(seconds.values())}   # all the phases
         steps.write_results(folder, results)

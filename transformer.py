@@ -300,7 +300,7 @@ class Transformer(nn.Module):
 
     forward(inputs, lengths=None) -> (B, L, D) float features (no head; heads.py holds the heads).
     inputs: (B, L) long tokens when cfg.vocab_size is set, else (B, L, d_input) float. lengths:
-    (B,) long; None means no padding: heads.to_device passes None for a batch without pads (it
+    (B,) long; None means no padding: steps.collate passes None for a batch without pads (it
     knows that on the host; finding it out here would make the host wait for the device), and then
     no attention call gets a mask. Raises ValueError when lengths is not of shape (B,), or when
     pos="learned" and L > cfg.max_len. Positions ≥ lengths[b] are padding and do not change the

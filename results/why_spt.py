@@ -8,8 +8,8 @@ and 25,000 test reviews, F = 9 fine-tuning epochs), paired by seed. Cells, in or
      {constant, cosine}, the best validation accuracy wins), then TFS and SPT (P = 3) with the chosen settings
 The rotary arms of cell a are the control's runs, copied (folder and reused.json) where a control run has the very
 same train.py flags and ran on this CPU model (the default reproduces its epoch 1 to the last digit there: README);
-otherwise they run here. The arms of one seed run on one machine: a seed some of whose runs ran on another CPU model
-is left for that machine (named, never mixed). Resumable: a finished run is skipped, a stopped one resumed, one
+otherwise they run here. The arms of one model's seed run on one machine: a (model, seed) some of whose runs ran on
+another CPU model is left for that machine (named, never mixed). Resumable: a finished run is skipped, a stopped one resumed, one
 stopped before its first evaluation started again, one a train.py holds locked left alone. The Transformer runs keep
 best.pt and spt.pt (with their attention by offset, attention.json: tools/attention_offsets.py; a plot per cell,
 attention_a.png and attention_b.png); other checkpoints are deleted once a run has finished. Each run: nice 19, one thread, --jobs at a time.
@@ -93,11 +93,11 @@ def cpu_of(config):
 
 
 def this_cpu():
-    """This machine's CPU model, as train.py records it (runs.machine)."""
+    """This machine's CPU model, as train.py records it (tools/provenance.machine)."""
     sys.path.insert(0, str(REPO))
-    import runs
     import torch
-    return runs.machine(torch.device("cpu"))["cpu"]
+    from tools import provenance
+    return provenance.machine(torch.device("cpu"))["cpu"]
 
 
 def pilot_choice(pilot, models):
@@ -135,24 +135,30 @@ def run_key(ident, model, seed):
     return flag(ident, "--model") == model and flag(ident, "--seed") == str(seed)
 
 
+def model_seed(ident):
+    """(model, seed) of a run: the unit that stays on one CPU model (every contrast pairs the runs of one model)."""
+    return flag(ident, "--model"), flag(ident, "--seed")
+
+
 def plan(jobs, out, cpu, reuse_from, dry=False, log=print):
     """Decide each (name, cmd) of jobs: skip (finished), resume, start, reuse a control run (copy it), or leave it
     (another CPU model holds its seed). dry: say so, change nothing on disk. -> [(name, cmd, folder to resume or
     None)] to run."""
     found, reusable = folders(out), folders(reuse_from) if reuse_from else {}
-    seed_cpus = {}                                        # seed -> the CPU models its runs here ran on
+    seed_cpus = {}                # (model, seed) -> the CPU models its runs here ran on (contrasts pair within a model)
     for ident, (_, config) in found.items():
-        seed_cpus.setdefault(flag(ident, "--seed"), set()).add(cpu_of(config))
+        seed_cpus.setdefault(model_seed(ident), set()).add(cpu_of(config))
     todo = []
     for name, cmd in jobs:
-        ident, seed = identity(cmd), flag(identity(cmd), "--seed")
+        ident = identity(cmd)
+        key, seed = model_seed(ident), flag(ident, "--seed")
         folder, config = found.get(ident, (None, None))
         if folder and (folder / "results.json").is_file():
             continue
-        elsewhere = seed_cpus.get(seed, set()) - {cpu}
+        elsewhere = seed_cpus.get(key, set()) - {cpu}
         if elsewhere and seed != str(PILOT_SEED):
-            log(f"{name}: left: seed {seed}'s runs ran on {', '.join(sorted(elsewhere))}, this machine is {cpu} "
-                f"(the arms of a seed run on one machine)")
+            log(f"{name}: left: {key[0]} seed {seed}'s runs ran on {', '.join(sorted(elsewhere))}, this machine is "
+                f"{cpu} (the arms of a model's seed run on one machine)")
             continue
         if folder and control.in_use(folder):
             log(f"{folder.name}: being run by another train.py; left to it")
@@ -164,7 +170,7 @@ def plan(jobs, out, cpu, reuse_from, dry=False, log=print):
             folder = None
         source = reusable.get(ident)
         if folder is None and source and (source[0] / "results.json").is_file() and cpu_of(source[1]) == cpu:
-            seed_cpus.setdefault(seed, set()).add(cpu)
+            seed_cpus.setdefault(key, set()).add(cpu)
             log(f"{name}: {'would reuse' if dry else 'reused'} {source[0].name} (same flags, {cpu})")
             if dry:
                 continue
@@ -175,7 +181,7 @@ def plan(jobs, out, cpu, reuse_from, dry=False, log=print):
                                                                why="the same train.py flags, the same CPU model"))
                                               + "\n")
             continue
-        seed_cpus.setdefault(seed, set()).add(cpu)
+        seed_cpus.setdefault(key, set()).add(cpu)
         todo.append((name, cmd, folder))
     return todo
 

@@ -88,6 +88,8 @@ def test_a_run_folder_gives_attention_json_for_spt_and_best(tmp_path):
         assert c["queries"] > 0 and c["position_scores_by_offset"] is not None
         for layer in c["layers"]:
             assert all(0 <= d <= c["length"] for d in layer["mean_distance"])
-            assert math.isclose(sum(map(sum, layer["mass_by_offset"])), len(layer["mean_distance"]), rel_tol=1e-9)
+            # each head's mass sums to 1: the model's float32 softmax rows sum to 1 within a few float32 ulps (the
+            # rounding differs between CPU models: 1.2e-9 off on an Intel Xeon), so float32's tolerance, not float64's
+            assert math.isclose(sum(map(sum, layer["mass_by_offset"])), len(layer["mean_distance"]), rel_tol=1e-6)
     assert (tmp_path / "cell.png").stat().st_size > 1000
 

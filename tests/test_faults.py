@@ -18,6 +18,7 @@ from PIL import Image
 
 import lra_data
 import runs
+import steps
 import train
 from conftest import TINY, records, run
 from lra import files as lra_files
@@ -193,9 +194,59 @@ def test_sigterm_during_spt_prints_the_resume_command_and_it_works(data_dir, tmp
     command = line.rsplit("continue with: ", 1)[1].split()                # the command it printed, as it is
     again = subprocess.Popen([sys.executable, *command[1:]], cwd=REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, env=env)
-    stop_when_saved(again, tmp_path / folder.name, epochs_after=2)
+    err = stop_when_saved(again, tmp_path / folder.name, epochs_after=2, seconds=240)
     epochs = [r["epoch"] for r in records(folder) if r.get("phase") == "spt"]
-    assert len(epochs) >= 3 and epochs == list(range(1, len(epochs) + 1)), f"the resumed run's epochs: {epochs}"
+    assert len(epochs) >= 3 and epochs == list(range(1, len(epochs) + 1)), \
+        f"the resumed run's epochs: {epochs}; its exit code {again.returncode}, its stderr's end: {err[-1500:]}"
+
+
+def test_a_sigterm_between_the_best_checkpoint_and_last_pt_waits_for_last_pt_and_the_run_resumes(data_dir, tmp_path,
+                                                                                                  monkeypatch, capsys):
+    # the race CI met: SIGTERM after spt.pt of epoch e, before last.pt of epoch e, left a folder resume must refuse
+    save, sent = runs.save_checkpoint, []
+    def save_then_sigterm(path, state):
+        save(path, state)
+        if path.name == "spt.pt" and state["epoch"] >= 2 and not sent:
+            sent.append(state["epoch"])
+            os.kill(os.getpid(), signal.SIGTERM)                      # lands between spt.pt and last.pt
+    before = signal.getsignal(signal.SIGTERM)
+    runs.stop_on_sigterm()                                            # train.main installs it; the kill needs it now
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    monkeypatch.setattr(runs, "save_checkpoint", save_then_sigterm)
+    try:
+        with pytest.raises(SystemExit) as e:
+            run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "3",
+                "--epochs", "1")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        runs.STOP["cause"] = "Ctrl-C"
+    assert sent, "no SPT epoch after the first improved: the signal was never sent"
+    line = one_line(capsys, 143, f"stopped by SIGTERM at spt epoch {sent[0]}, writing checkpoints", e)
+    (folder,) = tmp_path.iterdir()
+    assert torch.load(folder / "last.pt", weights_only=True)["epoch"] == sent[0], f"last.pt was not written: {line}"
+    monkeypatch.setattr(runs, "save_checkpoint", save)
+    train.main(["--resume", str(folder)])
+    epochs = [r["epoch"] for r in records(folder) if r.get("phase") == "spt"]
+    assert epochs == [1, 2, 3] and (folder / "results.json").is_file(), f"the resumed run's SPT records: {epochs}"
+
+
+def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
+    import threading
+    monkeypatch.setattr(runs.time, "strftime", lambda fmt: "20261204-120000")
+    args = train.parse_flags(["--model", "dlr", "--task", "listops", "--out", str(tmp_path),
+                              "--data-dir", str(tmp_path)])[0]
+    barrier, names = threading.Barrier(6), []
+    def start():
+        with runs.run_folder(args, {"command": []}, []) as folder:
+            names.append(folder.name)
+            barrier.wait(timeout=30)                                  # all six hold their folders at once
+    threads = [threading.Thread(target=start) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(names) == ["listops-dlr-tfs-s0-20261204-120000"] + [
+        f"listops-dlr-tfs-s0-20261204-120000+{i}" for i in range(1, 6)], names
 
 
 def stopped_at_spt_epoch_2_then_resumed(data_dir, tmp_path, monkeypatch, before_stop):
@@ -488,12 +539,12 @@ def test_the_control_driver_refuses_zero_jobs_or_epochs_before_deleting_anything
 
 def test_a_non_finite_validation_loss_stops_the_run_and_best_pt_stays_the_last_finite_one(data_dir, tmp_path,
                                                                                          monkeypatch, capsys):
-    calls, evaluate = [], train.evaluate
+    calls, evaluate = [], steps.evaluate
     def nan_from_the_second(*a, **k):
         calls.append(1)
         val = evaluate(*a, **k)
         return dict(val, loss=float("nan")) if len(calls) >= 2 else val
-    monkeypatch.setattr(train, "evaluate", nan_from_the_second)
+    monkeypatch.setattr(steps, "evaluate", nan_from_the_second)
     with pytest.raises(SystemExit) as e:
         run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--epochs", "3")
     line = one_line(capsys, 2, "finetune epoch 2: validation loss nan is not finite", e)

@@ -337,3 +337,58 @@ def test_a_knob_reaches_its_tensor_through_at_most_three_files(data_dir, tmp_pat
         print()
         for trace in (mask, state, rtd):
             print(f"  {trace.name}: {' -> '.join(trace.path())}")
+
+
+# ---- one training step reads in two files: a trace of the first step of each phase ------------------------------
+
+class StepTrace:
+    """The repo files whose code runs in the first training step of each phase: from the moment the loader hands
+    over a collated batch (steps.to_device, called by steps.train_epoch) until the optimiser step returns
+    (steps.guard_step). Code that runs below a torch frame is the model's forward (nn.Module.__call__), the
+    optimiser's or autograd's: those files go to `model`, the rest to `step` (docs/fork.md, "One training step")."""
+
+    def __init__(self):
+        self.step, self.model, self.active, self.phases = set(), set(), False, 0
+
+    def profile(self, frame, event, arg):
+        code = frame.f_code
+        here = Path(code.co_filename)
+        ours = code.co_filename.startswith(str(REPO)) and "/tests/" not in code.co_filename
+        if event == "call" and ours and code.co_name == "to_device" and frame.f_back.f_code.co_name == "train_epoch":
+            self.active = self.step_started = True
+        if not self.active:
+            return
+        if event == "return" and ours and code.co_name == "guard_step":
+            self.active, self.phases = False, self.phases + 1
+            return
+        if event != "call" or not ours:
+            return
+        below, f = False, frame.f_back
+        while f is not None and f.f_code.co_name != "train_epoch":
+            below = below or "/torch/" in f.f_code.co_filename
+            f = f.f_back
+        (self.model if below else self.step).add(str(here.relative_to(REPO)))
+
+
+def step_files(data_dir, tmp_path, *flags):
+    trace = StepTrace()
+    sys.setprofile(trace.profile)
+    try:
+        run(data_dir, tmp_path, "--task", "listops", "--epochs", "1", "--max-steps", "1", *flags)
+    finally:
+        sys.setprofile(None)
+    return trace
+
+
+@pytest.mark.parametrize("flags", [("--model", "dlr"), ("--model", "dlr", "--spt", "--pretrain-epochs", "1"),
+                                   ("--model", "transformer", "--spt", "--pretrain-epochs", "1", "--objective", "rtd")],
+                         ids=["finetune", "masked-spt", "rtd-spt"])
+def test_one_training_step_reads_in_two_files_steps_and_denoise_besides_the_models_forward(data_dir, tmp_path, flags,
+                                                                                          capsys):
+    trace = step_files(data_dir, tmp_path, *flags)
+    assert trace.phases == 1 + ("--spt" in flags), f"the trace saw {trace.phases} first steps"
+    assert trace.step == {"steps.py", "denoise.py"}, f"one step of {flags} reads {sorted(trace.step)}"
+    assert {"heads.py"} <= trace.model, trace.model            # the model's forward: heads and the backbone's files
+    with capsys.disabled():
+        print(f"\n  one step ({' '.join(flags)}): {' + '.join(sorted(trace.step))}; "
+              f"the model's forward and the optimiser: {' + '.join(sorted(trace.model))}")

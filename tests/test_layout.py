@@ -54,7 +54,8 @@ def test_each_concept_file_imports_only_what_its_concept_needs():
     assert GRAPH["transformer"] == {"ssm"}, "the Transformer shares only ssm.py's config and shape rules"
     assert GRAPH["s4"] == {"ssm"} and GRAPH["dlr"] == {"ssm"}, "a kernel needs only the shared SSM block"
     assert GRAPH["heads"] == {"denoise", "lra_data"}, GRAPH["heads"]
-    assert GRAPH["runs"] <= {"lra.files", "tools.checked"}, "run plumbing knows no model, task or objective"
+    assert GRAPH["runs"] <= {"lra.files", "tools.checked", "tools.provenance"}, \
+        "run plumbing knows no model, task or objective"
     assert GRAPH["objectives"] == {"denoise", "heads", "lra_data", "presets"}, GRAPH["objectives"]
     for generator in ("lra.listops", "lra.pathfinder"):                 # generators never import each other
         assert GRAPH[generator] == {"lra.files"}, (generator, GRAPH[generator])

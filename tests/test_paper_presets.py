@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import heads
+import denoise
 import lra_data
 import models
 import presets
+import steps
 import train
 
 README = Path(__file__).resolve().parents[1] / "docs" / "presets.md"
@@ -50,8 +51,8 @@ def paper_classifier(model, task, cfg=None):
 
 
 def short_batch(task, B, gen):
-    """A collated batch of B random examples of length ≤ L in the task's raw format (uint8 pixels; ids with padding:
-    the second example is 17 shorter; retrieval pairs of two documents), as lra_data.collate gives the loader."""
+    """A clean batch of B random examples of length ≤ L from the task's raw format (uint8 pixels; ids with padding:
+    the second example is 17 shorter; retrieval pairs of two documents), as the loader's collate gives the step."""
     spec = lra_data.TASKS[task]
     if spec.kind == "pixels":
         xs = [torch.randint(0, 256, (L,), generator=gen, dtype=torch.uint8) for _ in range(B)]         # (L,) each
@@ -59,7 +60,7 @@ def short_batch(task, B, gen):
         ids = lambda n: torch.randint(lra_data.N_SPECIAL, spec.vocab_size, (n,), generator=gen)        # (n,) real ids
         doc = (lambda n: torch.stack([ids(n), ids(n)])) if spec.pair else ids                          # (2, n) or (n,)
         xs = [doc(L - 17 * b) for b in range(B)]
-    return lra_data.collate([(x, b % spec.n_classes) for b, x in enumerate(xs)])
+    return steps.collate([(x, b % spec.n_classes) for b, x in enumerate(xs)], task)
 
 
 @pytest.mark.parametrize("model, task", CASES)
@@ -73,7 +74,7 @@ def test_paper_preset_parameter_count_matches_the_table(model, task):
 
 @pytest.mark.parametrize("model, task", CASES)
 def test_paper_preset_model_trains_one_step_at_reduced_length(model, task):
-    """One fine-tuning batch through heads.finetune_inputs and batch_loss (raw batch -> model input -> cross-entropy),
+    """One fine-tuning batch through denoise.labelled and batch_loss (raw batch -> model input -> cross-entropy),
     then backward: the loss and every parameter's gradient are finite. PathX models switch to block-local attention
     at L ≥ 16,384 (blocks of 4,096); here they switch at L = 128 with blocks of 32 (the same ratio), so that path is
     the one run. Block sizes are not parameters: the count is the paper model's."""
@@ -82,9 +83,9 @@ def test_paper_preset_model_trains_one_step_at_reduced_length(model, task):
     if model == "transformer" and cfg.local_min_len <= lra_data.TASKS[task].max_len:   # PathX, PathX-256
         cfg = dataclasses.replace(cfg, block_size=L * cfg.block_size // cfg.local_min_len, local_min_len=L)
     classifier = paper_classifier(model, task, cfg).train()
-    batch = heads.finetune_inputs(short_batch(task, 2, torch.Generator().manual_seed(0)), None, 0.0, task,
-                                  torch.device("cpu"))
-    loss, _ = heads.batch_loss(classifier, batch)
+    batch = denoise.labelled(short_batch(task, 2, torch.Generator().manual_seed(0)), None, 0.0,
+                             lra_data.TASKS[task].pair)
+    loss, _ = denoise.batch_loss(classifier, batch)
     loss.backward()
     assert math.isfinite(loss.item()), f"{model}/{task}: loss {loss.item()} at L = {L}"
     missing = [name for name, p in classifier.named_parameters() if p.grad is None]

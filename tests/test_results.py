@@ -333,7 +333,7 @@ def why_folder(out, name, cmd, cpu, *files, best_val=None):
         (out / name / "results.json").write_text(json.dumps(dict(best_val_acc=best_val)))
 
 
-def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keeps_a_seed_on_one_machine(tmp_path):
+def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keeps_a_models_seed_on_one_machine(tmp_path):
     why = script("why_spt")
     args = type("Args", (), dict(setting=["--preset", "tiny"], data_dir="d", cache_dir="c", out=tmp_path / "why"))
     cmd = lambda seed, *flags: why.command("transformer", seed, list(flags), args)   # noqa: E731
@@ -346,17 +346,19 @@ def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keeps_a_seed_on_on
     why_folder(control, "ctl-s3", cmd(3, "--epochs", "9"), "Intel Xeon", "results.json")        # other CPU: rerun
     jobs = [("done", cmd(0, "--epochs", "9")), ("cut", cmd(0, "--spt", "--epochs", "9")),
             ("early", cmd(0, "--pos", "none", "--epochs", "9")), ("s1", cmd(1, "--spt", "--epochs", "9")),
-            ("s2", cmd(2, "--epochs", "9")), ("s3", cmd(3, "--epochs", "9"))]
+            ("s2", cmd(2, "--epochs", "9")), ("s3", cmd(3, "--epochs", "9")),
+            ("s4-s1", why.command("s4", 1, ["--epochs", "9"], args))]              # another model's seed 1: here
     said = []
     dry = why.plan(jobs, out, "AMD EPYC", control, dry=True, log=said.append)
     assert (out / "early-s0").is_dir() and not (out / "ctl-s2").exists(), "a dry run changed the disk"
     todo = why.plan(jobs, out, "AMD EPYC", control, log=said.append)
-    assert [(n, f.name if f else None) for n, _, f in todo] == [("cut", "cut-s0"), ("early", None), ("s3", None)]
+    assert [(n, f.name if f else None) for n, _, f in todo] == [("cut", "cut-s0"), ("early", None), ("s3", None),
+                                                             ("s4-s1", None)]
     assert [n for n, _, _ in dry] == [n for n, _, _ in todo]
     assert not (out / "early-s0").exists(), "a run stopped before its first evaluation is started again"
     assert json.loads((out / "ctl-s2" / "reused.json").read_text())["reused_from"].endswith("ctl-s2")
     assert not (out / "ctl-s2" / "best.pt").exists(), "a reused run brings no checkpoint"
-    assert any(s.startswith("s1: left: seed 1's runs ran on Intel Xeon, this machine is AMD EPYC") for s in said)
+    assert any(s.startswith("s1: left: transformer seed 1's runs ran on Intel Xeon, this machine is AMD EPYC") for s in said)
 
 
 def test_the_why_spt_pilot_chooses_the_best_validation_accuracy_per_model(tmp_path):

@@ -26,6 +26,7 @@ from lra.pathfinder import generate_pathfinder
 import steps
 import train
 from conftest import TINY, records, run
+from tools import hardware
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -482,7 +483,7 @@ def test_resume_of_a_finished_run_with_new_flags_names_the_flags_it_would_not_ap
 
 def test_compiled_run_saves_checkpoints_without_orig_mod_prefixes(data_dir, tmp_path, monkeypatch):
     # a real OptimizedModule, without the C++ toolchain that the default backend (inductor) needs
-    monkeypatch.setattr(steps, "COMPILE_BACKEND", "eager")
+    monkeypatch.setattr(hardware, "COMPILE_BACKEND", "eager")
     _, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--compile",
                      "--pretrain-epochs", "1", "--epochs", "1")
     for name in ("spt.pt", "best.pt", "last.pt"):
@@ -504,7 +505,7 @@ def test_compiled_forward_over_12_raw_lengths_keeps_graphs_per_function_within_b
     from torch._dynamo.utils import counters
     import models
     import ssm
-    monkeypatch.setattr(steps, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(hardware, "COMPILE_BACKEND", "aot_eager")
     # restored by setattr, never by monkeypatch: a pytest that undoes a module attribute it did not find in the
     # module's __dict__ deletes it, and a deleted dynamo config entry is hidden (every later compile then fails)
     saved = {key: getattr(torch._dynamo.config, key)
@@ -518,7 +519,7 @@ def test_compiled_forward_over_12_raw_lengths_keeps_graphs_per_function_within_b
         head=dict(kind="classifier", n_classes=10, pool="mean", pair=False))
     model = models.build_model(meta)
     eager = copy.deepcopy(model)
-    forward = steps.compiled(model, argparse.Namespace(task="listops", max_len=None))
+    forward = hardware.compiled(model, argparse.Namespace(task="listops", max_len=None))
     raw = [20, 30, 45, 60, 70, 90, 100, 130, 150, 170, 190, 250]             # 12 raw lengths, 7 buckets
     buckets = {lra_data.bucket_length(n) for n in raw}
     for mode in ("train", "eval"):
@@ -633,25 +634,25 @@ def test_gradient_accumulation_over_k_micro_batches_equals_one_full_batch(task, 
         generate_pathfinder(tmp_path, res=32, n=40, contour_length=14)
         data_dir = tmp_path
     data = lra_data.load(task, "train", lra_data.Files(data_dir, cache_dir=tmp_path / "cache"))
-    batch = lra_data.collate([data[i] for i in range(12)])
+    batch = steps.collate([data[i] for i in range(12)], task)             # the loader's clean batch
     Config, Model = train.MODELS["s4"][:2]
-    spec, cpu = lra_data.TASKS[task], torch.device("cpu")
+    spec = lra_data.TASKS[task]
     cfg = Config(d_model=8, n_layers=1, d_state=8, dropout=0.0,
                  vocab_size=spec.vocab_size if task == "listops" else None,
                  d_input=1 if task == "listops" else 2, norm="layer")
     if objective:
         model = heads.Denoiser(Model(cfg), 8, heads.n_outputs(task)).double()
-        b = denoise.masked(heads.clean_batch(batch, task, cpu), argparse.Namespace(mask_ratio=0.3),
+        b = denoise.masked(batch, argparse.Namespace(mask_ratio=0.3),
                            torch.Generator().manual_seed(1), 0.0)
     else:
         model = heads.Classifier(Model(cfg), 8, spec.n_classes, spec.pool, spec.pair).double()
-        b = heads.finetune_inputs(batch, None, 0.0, task, cpu)
+        b = denoise.labelled(batch, None, 0.0, spec.pair)
     b = b._replace(x=b.x.double() if b.x.is_floating_point() else b.x)
     grads = []
     for k in (1, 3, 5):
         model.zero_grad()
         for part in steps.micro_batches(slice(0, 12), k):
-            heads.batch_loss(model, b, part)[0].backward()
+            denoise.batch_loss(model, b, part)[0].backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
     for k, g in zip((3, 5), grads[1:]):
         torch.testing.assert_close(g, grads[0], atol=1e-5, rtol=1e-5, msg=f"{k} micro-batches != one batch ({task})")
@@ -708,13 +709,13 @@ def test_deterministic_sets_torchs_flag_and_the_cublas_workspace_before_the_firs
     monkeypatch.setattr(torch.cuda, "_lazy_init", first_cuda_call)
     args, _, _ = train.parse_flags(["--deterministic", "--device", "cuda", "--out", str(tmp_path)])
     try:
-        steps.setup_device(args)
+        hardware.setup_device(args)
         assert seen and seen[0] == (True, ":4096:8"), f"at the first CUDA call: (deterministic, workspace) = {seen}"
         assert args.precision == "bf16"
     finally:
         torch.use_deterministic_algorithms(False)
     plain = train.parse_flags(["--device", "cpu", "--out", str(tmp_path)])[0]
-    steps.setup_device(plain)
+    hardware.setup_device(plain)
     assert not torch.are_deterministic_algorithms_enabled(), "without --deterministic torch's default stays"
 
 

@@ -154,11 +154,10 @@ def test_saved_checkpoint_reloads_to_identical_logits_and_test_accuracy(data_dir
     # as train.py picks them
     keep = torch.randperm(len(test), generator=torch.Generator().manual_seed(0))[: ck["args"]["max_eval"]]
     subset = torch.utils.data.Subset(test, keep.sort().values.tolist())
-    loader = torch.utils.data.DataLoader(subset, 16, collate_fn=lra_data.collate)
-    inputs = partial(heads.clean_batch, task="pathfinder", device=torch.device("cpu"))
-    phase = train.Phase("finetune", 1, 0.0, 16, 1, "best.pt", "acc", inputs, heads.classifier_batch,
-                        heads.batch_loss, heads.metrics)
-    acc = train.evaluate(model, phase, loader, 0, contextlib.nullcontext)["acc"]
+    loader = torch.utils.data.DataLoader(subset, 16, collate_fn=partial(steps.collate, task="pathfinder"))
+    phase = train.Phase("finetune", 1, 0.0, 16, 1, "best.pt", "acc", denoise.labelled, denoise.batch_loss,
+                        denoise.metrics)
+    acc = steps.evaluate(model, phase, loader, 0, contextlib.nullcontext)["acc"]
     assert acc == results["test_acc"], f"reloaded best.pt scores {acc} on test, the run reported {results['test_acc']}"
 
 
@@ -258,9 +257,9 @@ def test_eval_every_evaluates_every_kth_epoch_and_after_the_last(data_dir, tmp_p
 def test_metrics_over_batches_equal_metrics_over_everything():
     gen = torch.Generator().manual_seed(0)
     logits, target = torch.randn(100, 10, generator=gen), torch.randint(0, 10, (100,), generator=gen)
-    stats = lambda a, b: heads.statistics(a, b, denoise.losses(a, b), torch.ones(b.shape))
-    whole = heads.metrics(stats(logits, target))
-    parts = heads.metrics(heads.add(stats(logits[:37], target[:37]), stats(logits[37:], target[37:])))
+    stats = lambda a, b: denoise.statistics(a, b, denoise.losses(a, b), torch.ones(b.shape))
+    whole = denoise.metrics(stats(logits, target))
+    parts = denoise.metrics(denoise.add(stats(logits[:37], target[:37]), stats(logits[37:], target[37:])))
     assert abs(whole["loss"] - parts["loss"]) < 1e-5 and whole["acc"] == parts["acc"], f"{whole} != {parts}"
     torch.testing.assert_close(whole["loss"], torch.nn.functional.cross_entropy(logits, target).item())
 
@@ -270,9 +269,9 @@ def test_image_targets_are_normalised_values_scored_by_l1_and_r2():
     value, target = heads.clean_input(x, "image")
     assert torch.equal(value, target) and target.dtype == torch.float32, "Image targets are the normalised values"
     t, ones = target[0], torch.ones(1024)                                     # (L,) float
-    stats = lambda pred: heads.statistics(pred, t, denoise.losses(pred, t), ones)
-    perfect = heads.metrics(stats(t[:, None].clone()))
-    mean = heads.metrics(stats(torch.full((1024, 1), t.mean().item())))
+    stats = lambda pred: denoise.statistics(pred, t, denoise.losses(pred, t), ones)
+    perfect = denoise.metrics(stats(t[:, None].clone()))
+    mean = denoise.metrics(stats(torch.full((1024, 1), t.mean().item())))
     assert perfect["loss"] < 1e-6 and abs(perfect["r2"] - 1) < 1e-6, f"perfect prediction scored {perfect}"
     assert abs(mean["r2"]) < 1e-4, f"predicting the mean must give R² ≈ 0, got {mean['r2']:.4f}"
     assert heads.n_outputs("pathfinder") == 256 and heads.n_outputs("image") == 1
@@ -293,7 +292,7 @@ def test_masked_spt_never_masks_the_eos_token(data_dir):
     eos = torch.arange(x.size(1))[None, :] == (lengths - 1)[:, None]          # (B, L)
     assert (x[eos] == lra_data.EOS).all()
     for seed in range(20):                                 # many draws at a ratio so high that EOS would be hit
-        clean = heads.clean_batch(batch, "listops", torch.device("cpu"))
+        clean = steps.collate([data[i] for i in range(16)], "listops")
         b = denoise.masked(clean, argparse.Namespace(mask_ratio=0.9), torch.Generator().manual_seed(seed), 0.0)
         mask = b.weight.bool()
         assert not (mask & eos).any(), "an EOS position was masked"

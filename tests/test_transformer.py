@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import runs
 from conftest import records, run
 from lra.listops import generate_listops
+from tools import provenance
 from transformer import (POSITIONS, SSM_PARAMS, Transformer, TransformerConfig, attention, block_local_attention,
                          key_mask, rotary_angles, rotate, sinusoidal_embedding)
 
@@ -337,12 +337,13 @@ def test_default_spt_run_logs_what_the_code_before_pos_logged(tmp_path):
                      "--pretrain-epochs", "2", "--epochs", "2")
     got = [(r["phase"], r["train_loss"], r["val_loss"], r["val_acc"]) for r in records(run_dir) if "val_acc" in r]
     assert json.loads((run_dir / "config.json").read_text())["config"]["pos"] == "rotary"
-    same_machine = (runs.machine(torch.device("cpu"))["cpu"], torch.__version__) == BEFORE_POS["machine"]
+    same_machine = (provenance.machine(torch.device("cpu"))["cpu"], torch.__version__) == BEFORE_POS["machine"]
     if same_machine:
         assert got == BEFORE_POS["spt_run"], f"the default Transformer's run changed: {got}"
     else:
         assert [g[0] for g in got] == [b[0] for b in BEFORE_POS["spt_run"]]
-        assert [g[1:] for g in got] == pytest.approx([b[1:] for b in BEFORE_POS["spt_run"]], rel=1e-5), \
+        flat = lambda rows: [v for row in rows for v in row[1:]]                        # noqa: E731 (approx: flat)
+        assert flat(got) == pytest.approx(flat(BEFORE_POS["spt_run"]), rel=1e-5), \
             f"the default Transformer's run changed: {got}"
 
 

@@ -17,14 +17,16 @@ Check: tests/test_attention_offsets.py (local attention gives δ = 0 or 1, unifo
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import heads  # noqa: E402
+import denoise  # noqa: E402
 import lra_data  # noqa: E402
 import models  # noqa: E402
+import steps  # noqa: E402
 
 CHECKPOINTS = ("spt.pt", "best.pt")   # after pre-training (SPT runs only), after fine-tuning
 
@@ -118,12 +120,10 @@ def validation_batches(ck, batch_size=16, max_examples=0, device="cpu"):
     val = lra_data.load_splits(args)["val"]
     if max_examples:
         val = torch.utils.data.Subset(val, range(min(max_examples, len(val))))
-    for batch in torch.utils.data.DataLoader(val, batch_size, collate_fn=lra_data.collate):
-        b = heads.finetune_inputs(batch, None, 1.0, task=ck["task"], device=torch.device(device))
-        x, lengths = b.x, b.lengths
-        if lra_data.TASKS[ck["task"]].pair:                                     # (B, 2, L) -> (2B, L)
-            x, lengths = x.flatten(0, 1), None if lengths is None else lengths.flatten()
-        yield x, lengths
+    collate = partial(steps.collate, task=ck["task"])                           # pairs: 2B rows
+    for batch in torch.utils.data.DataLoader(val, batch_size, collate_fn=collate):
+        b = denoise.labelled(steps.to_device(batch, torch.device(device)), None, 1.0)
+        yield b.x, b.lengths
 
 
 def analyse_run(folder, max_examples=0, batch_size=16):

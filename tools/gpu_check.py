@@ -40,6 +40,7 @@ import lra_data
 import models
 import ssm
 import steps
+from tools import hardware
 import train
 from lra import pathfinder
 from tools import checked, memory, speed
@@ -365,7 +366,7 @@ def largest_part(check):
     for model_name, task, phase in largest_presets():
         values = {**models.preset_values("paper", model_name, task, phase == "spt"), **check.scale["largest_size"]}
         batch = values["pretrain_batch_size" if phase == "spt" else "batch_size"]
-        L = check.scale["largest_L"] or max(steps.padded_lengths(task))
+        L = check.scale["largest_L"] or max(hardware.padded_lengths(task))
         plan = memory.plan_phase(model_name, task, values, phase, batch, L, precision, budget)
         build, forward = memory.training_case(model_name, task, values, phase, plan["micro_batch"], L)
         torch.manual_seed(0)
@@ -417,13 +418,13 @@ def compile_part(check):
     """(f) The main command for main_steps steps with --compile (tiny: the aot_eager backend, paper: inductor): the
     compile records train.py logs (graphs, frames run eagerly, graph breaks) and the fallback verdict."""
     flags, n = main_flags(check, check.scale["main_steps"], ["--compile"])
-    old = steps.COMPILE_BACKEND
-    steps.COMPILE_BACKEND = check.scale["compile_backend"]
+    old = hardware.COMPILE_BACKEND
+    hardware.COMPILE_BACKEND = check.scale["compile_backend"]
     try:
         torch._dynamo.reset()
         res, config, records, peak = run_main(check, flags, n)
     finally:
-        steps.COMPILE_BACKEND = old
+        hardware.COMPILE_BACKEND = old
     compiled = [r for r in records if r.get("phase") == "compile"]
     fell_back = any(r["frames_eager"] for r in compiled)
     return dict(backend=check.scale["compile_backend"], records=compiled, fell_back=fell_back,

@@ -26,7 +26,7 @@ import heads
 import lra_data
 import models
 import objectives
-import steps
+from tools import hardware
 
 PRECISIONS, PHASES = ["fp32", "bf16"], ["finetune", "spt"]
 GPU_GIB, HEADROOM = 80, 0.9   # fits = estimate ≤ 90 % of an 80 GB card (80 GiB); the 10 % are for what the estimate
@@ -145,11 +145,11 @@ def training_case(model_name, task, values, phase, B, L):
         lengths = torch.full(shape[:-1], L, device=device) if cfg.vocab_size else None   # (B,), (B, 2), (2B,)
         if phase == "finetune":
             y = torch.randint(0, spec.n_classes, (B,), device=device)
-            return heads.batch_loss(model, denoise.Batch(x, lengths, y, torch.ones(B, device=device)))[0]
+            return denoise.batch_loss(model, denoise.Batch(x, lengths, y, torch.ones(B, device=device)))[0]
         target = (torch.rand(rows, L, device=device) if n_out == 1 else
                   torch.randint(0, n_out, (rows, L), device=device))                # (rows, L)
         weight = (torch.rand(rows, L, device=device) < spec.mask_ratio).float()     # 1 where masked
-        return heads.batch_loss(model, denoise.Batch(x, lengths, target, weight))[0]   # the training loss itself
+        return denoise.batch_loss(model, denoise.Batch(x, lengths, target, weight))[0]   # the training loss itself
     return (lambda: models.build_model(meta)), forward
 
 
@@ -352,7 +352,7 @@ def plan_memory(args, meta, device, world):
     phases += [("finetune", "batch_size", "accum_steps")]
     cuda, record, lines = device.type == "cuda", {}, []
     budget, total = card_budget(device) if cuda else (None, None)
-    L = max(steps.padded_lengths(args.task, args.max_len))
+    L = max(hardware.padded_lengths(args.task, args.max_len))
     for phase, batch, accum in phases:
         rows = -(-getattr(args, batch) // world)            # this process's rows of a step
         if not cuda:

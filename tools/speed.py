@@ -16,10 +16,10 @@ import torch
 
 import lra_data
 import models
-import runs
 import ssm
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
+from tools import provenance
 from tools.memory import device_type, memory_mib, simulated_peak, table, training_case
 from transformer import Transformer, TransformerConfig
 
@@ -254,7 +254,7 @@ def machine_info(argv, args):
     return dict(cpu=torch.cuda.get_device_name(args.device) if gpu else cpu, cores=os.cpu_count(),
                 torch_threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), load=[round(x, 2) for x in os.getloadavg()],
-                torch=torch.__version__, commit=runs.git_commit(), command=" ".join(["python bench.py", *argv]))
+                torch=torch.__version__, commit=provenance.git_commit(), command=" ".join(["python bench.py", *argv]))
 
 
 

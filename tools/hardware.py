@@ -1,0 +1,141 @@
+"""tools/hardware.py: where a run computes, settled once before anything runs: --device (checked
+against what PyTorch sees), --deterministic, --workers, torchrun's process group (DDP), and
+--compile (bounded graphs, counted, no silent fallback to eager). What a step does on the device
+(precision, DDP rows, the guard) is steps.py's.
+Check: tests/test_robustness.py (devices, DDP start-up, compile bounds), tools/gpu_check.py.
+"""
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import lra_data
+from runs import fail
+from steps import precision
+
+
+# ---- --device, --deterministic, --workers, DDP -------------------------------------------------
+
+def deterministic(on):
+    """--deterministic: torch's deterministic algorithms (an op without a deterministic kernel stops
+    the run with torch's error naming it) and cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG
+    ":4096:8", which cuBLAS reads when CUDA starts: so this runs before any CUDA call); cuDNN's
+    autotuner off. Costs speed on a GPU (docs/gpu.md); a CPU run is deterministic anyway. What is
+    in force goes into config.json (runs.run_meta)."""
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+
+
+def setup_device(args):
+    """-> (device, world size): checks --device and that --out can be written (making --out
+    itself); settles --deterministic (before any CUDA call), --precision (printed, in config.json)
+    and --workers."""
+    deterministic(getattr(args, "deterministic", False))
+    try:
+        device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except ValueError as e:
+        fail(f"--device {args.device}: {e}")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    args.device = str(device)                       # resolved once, printed, in config.json
+    args.precision = precision(args, device)[0]     # resolved once, printed, in config.json
+    if args.workers is None:                        # CUDA: loader processes keep the GPU fed
+        args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
+    # known now, not after the data was prepared: try writing where the run folder will be made
+    if not args.resume and int(os.environ.get("RANK", 0)) == 0:
+        probe = Path(args.out).resolve()
+        while not probe.exists():
+            probe = probe.parent
+        try:
+            tempfile.TemporaryFile(dir=probe).close()
+        except OSError as e:
+            fail(f"--out {args.out}: cannot write there ({e.strerror}); pass a writable folder")
+    return device, world
+
+
+def check_device(text):
+    """A --device value (cpu, cuda, cuda:1, ...) -> torch.device, checked against the devices
+    PyTorch sees (train.py and bench.py). Raises ValueError with what to pass instead."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise ValueError("not a device; use cpu, cuda, cuda:1, ...") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError("only cpu and cuda are supported")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("no CUDA device is visible to PyTorch; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(f"only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return device
+
+
+def join_process_group(device, world):
+    """Under torchrun: one process per GPU (NCCL) or CPU process (gloo); only rank 0 prints. Returns
+    the device."""
+    if world == 1:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    cuda = device.type == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    if dist.get_rank() > 0:                         # only rank 0 prints, logs and saves
+        sys.stdout = open(os.devnull, "w")
+    return device
+
+
+# ---- --compile: bounded graphs, counted, no silent fallback to eager ----------------------------
+
+COMPILE_BACKEND = "inductor"        # tests use "aot_eager" (traces and runs autograd, no codegen)
+
+
+def padded_lengths(task, max_len=None):
+    """The lengths a batch of `task` can have after lra_data.collate: its buckets up to the longest
+    input (token tasks; --max-len cuts documents), or the one image length (pixel tasks)."""
+    spec = lra_data.TASKS[task]
+    if spec.kind == "pixels":
+        return [spec.max_len]
+    longest = min(spec.max_len, max_len + 1 if max_len else spec.max_len)  # + EOS
+    return sorted({lra_data.bucket_length(n) for n in range(1, longest + 1)})
+
+
+def compiled(forward, args):
+    """torch.compile(forward) for a run of args.task: static shapes (dynamic=False), so each
+    function compiles one graph per padded length and mode (train with autograd, eval under
+    no_grad): automatic dynamic shapes would not save that here, since the FFT size
+    (ssm.fft_length) branches on L and guards each length anyway. torch's recompile limit is
+    raised to that bound for two phases (SPT's model and the classifier run the same functions)
+    and hitting it is an error (fail_on_recompile_limit_hit), not a silent fallback to eager.
+    The graph breaks that remain: one per SSM layer at SSMLayer.kernel_of (the kernel is
+    complex-valued and its loops depend on L: torch.compiler.disable keeps it eager, the fork
+    recipe's kernel contract), and the classifier's frame at the SSM backbone, whose own frame
+    runs its layer loop eagerly (ssm.SSMBackbone.forward); compile_summary counts them."""
+    import torch._dynamo
+    bound = 2 * 2 * len(padded_lengths(args.task, args.max_len))  # modes × phases × lengths
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, bound)
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        torch._dynamo.config.accumulated_recompile_limit, 8 * bound)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch.compile(forward, backend=COMPILE_BACKEND, dynamic=False)
+
+
+def compile_summary(phase):
+    """-> (line for log.txt, record for log.jsonl) after `phase`: torch._dynamo's counters for this
+    process so far: graphs compiled, frames dynamo ran eagerly, graph breaks by reason (the first
+    line of each)."""
+    from torch._dynamo.utils import counters
+    graphs, frames = counters["stats"]["unique_graphs"], counters["frames"]
+    breaks = {}
+    for reason, n in counters["graph_break"].items():
+        short = reason.splitlines()[0][:80]
+        breaks[short] = breaks.get(short, 0) + n
+    eager = frames["total"] - frames["ok"]
+    line = (f"compile after {phase}: {graphs} graphs compiled in {frames['ok']} frames; fallback to eager: "
+            f"{f'{eager} frames' if eager else 'none'}; graph breaks: "
+            + ("; ".join(f"{n} × {r}" for r, n in breaks.items()) or "none"))
+    return line, {"phase": "compile", "after": phase, "graphs": graphs, "frames_compiled": frames["ok"], "frames_eager": eager,
+                  "graph_breaks": breaks}
