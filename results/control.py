@@ -118,7 +118,9 @@ def main(argv=None):
     p.add_argument("--pretrain-epochs", type=checked.at_least(1), default=3, help="P: SPT epochs (750 steps)")
     p.add_argument("--jobs", type=checked.at_least(1), default=2, help="training processes at a time, one thread each")
     p.add_argument("--out", default=str(HERE / "control"), help="the study folder (one folder per run inside)")
-    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "text"), help="IMDB")
+    shared = Path(os.environ.get("LRA_SHARED_DATA", REPO.parent / "shared" / "data"))   # as the tests find it
+    p.add_argument("--data-dir", default=str(shared / "text"), help="the IMDB folder (default: $LRA_SHARED_DATA/text, "
+                   "else ../shared/data/text)")
     p.add_argument("--cache-dir", default="/tmp/lra_cache", help="prepared arrays (not committed)")
     p.add_argument("--console", default="/tmp/control_console", help="each run's console output (not committed: "
                    "its log.txt holds the lines that matter)")

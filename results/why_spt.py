@@ -409,7 +409,9 @@ def main(argv=None):
     p.add_argument("--reuse-from", default=str(HERE / "control"), help="finished runs to reuse ('' : none)")
     p.add_argument("--setting", default=None, help="the flags every run shares, one string (default: the "
                    "control's; tests pass a miniature)")
-    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "text"), help="IMDB")
+    shared = Path(os.environ.get("LRA_SHARED_DATA", REPO.parent / "shared" / "data"))   # as the tests find it
+    p.add_argument("--data-dir", default=str(shared / "text"), help="the IMDB folder (default: $LRA_SHARED_DATA/text, "
+                   "else ../shared/data/text)")
     p.add_argument("--cache-dir", default="/tmp/lra_cache", help="prepared arrays (not committed)")
     p.add_argument("--console", default="/tmp/why_spt_console", help="each run's console output")
     p.add_argument("--dry-run", action="store_true", help="print the plan; run nothing, copy nothing")

@@ -105,3 +105,44 @@ def test_the_readme_quick_start_shows_the_last_lines_of_the_run_it_cites():
     assert block[:3] == log[-4:-1], f"README's lines differ from {folder}/log.txt:\n{block[:3]}\n{log[-4:-1]}"
     assert block[3].split(":")[0] == log[-1].split(":")[0], (block[3], log[-1])    # 'done in 0.6 min (...)'
     assert block[4].startswith("note: no curves.png: matplotlib is not installed (pip install matplotlib")
+
+
+def readme_train_commands():
+    """Every `python train.py ...` line of README.md's code blocks, continuation lines joined -> [(argv, comment)]."""
+    readme = (REPO / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", readme, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            code, _, comment = line.strip().partition("#")
+            if code.startswith("python train.py"):
+                commands.append((code.split()[2:], comment.strip()))
+    return commands
+
+
+def test_every_train_py_command_of_the_readme_parses_and_each_cited_text_run_is_the_command_given():
+    import json
+    import train
+    commands = readme_train_commands()
+    assert len(commands) >= 3, commands                                     # the quick start and the Text pair
+    for argv, _ in commands:
+        train.parse_flags(argv)                                             # a bad flag exits here, naming it
+    paths = {"--data-dir", "--cache-dir", "--out"}
+    def flags(argv):                                                        # the run itself: no paths, no device
+        out, skip = [], False
+        for i, a in enumerate(argv):
+            if skip:
+                skip = False
+            elif a in paths or (a == "--device" and argv[i + 1] == "cpu"):
+                skip = True
+            else:
+                out.append(a)
+        return out
+    cited = [(argv, comment) for argv, comment in commands if re.match(r"(TFS|SPT): test \d\.\d+$", comment)]
+    assert len(cited) == 2, cited
+    for argv, comment in cited:
+        kind, acc = comment.split(": test ")
+        runs = [f for f in sorted(REPO.glob(f"results/control/text-dlr-{kind.lower()}-s0-*"))
+                if flags(json.loads((f / "config.json").read_text())["command"][1:]) == flags(argv)]
+        assert runs, f"no results/control/text-dlr-{kind.lower()}-s0-* run has the README's flags {flags(argv)}"
+        got = json.loads((runs[0] / "results.json").read_text())["test_acc"]
+        assert f"{got:.3f}" == acc, f"README says {kind} test {acc}, {runs[0].name} has {got}"
