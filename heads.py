@@ -7,8 +7,8 @@ denoiser:    per-position head D -> V token ids | 256 grey levels (cross-entropy
 Inputs: token ids stay ids; pixels become [normalised value, mask indicator] (Amos et al. 2024,
 App. C; clean_input, which the loader's collate applies: steps.collate). The objectives (masks,
 next-token targets) and the one loss are denoise.py's; a step is steps.train_epoch.
-Check: tests/test_train.py (pooling ignores pads, metrics add up, EOS never masked, checkpoints
-reload exactly).
+Check: tests/test_train.py (pooling ignores pads, checkpoints reload exactly; denoise.py's metrics
+and masks are checked there too).
 """
 import torch
 import torch.nn as nn

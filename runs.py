@@ -5,7 +5,8 @@ run folder:  runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/: config.json, lo
 resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stopped run continues
              exactly; a lock keeps one writer per folder; a finished, damaged or incompatible run
              is refused in one line
-stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line: where, the --resume command
+stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line: where, the --resume command;
+             one that arrives while an evaluation writes its files waits until they are written
 (a step on the hardware, DDP, --device and --precision, the loaders: steps.py) Check: tests/test_robustness.py,
 test_faults.py (DDP equals one process, exact resume, locks, damaged checkpoints, full disks, moved data)
 """
@@ -131,10 +132,12 @@ def held_stops():
     STOP["held"] += 1
     try:
         yield
-    finally:
+    finally:                                        # also when the block raises: no stop stays pending
         STOP["held"] -= 1
-    if not STOP["held"] and STOP["pending"]:
-        STOP["pending"] = False
+        fire = not STOP["held"] and STOP["pending"]
+        if not STOP["held"]:
+            STOP["pending"] = False
+    if fire:
         raise KeyboardInterrupt
 
 
@@ -300,7 +303,7 @@ def save_evaluation(folder, best_file, state):
 
 def catch_up_log(folder, ck):
     """On resume (rank 0): the evaluation that last.pt `ck` carries, appended to log.txt and
-    log.jsonl where a stop came before it was written."""
+    log.jsonl where a crash (a kill, a full disk) came before it was written."""
     if rank() > 0 or "log" not in ck:
         return
     for name, text in (("log.txt", ck["log"][0]), ("log.jsonl", json.dumps(ck["log"][1]))):
@@ -464,6 +467,8 @@ def run_folder(args, meta, lines, lock=None):
                                  f"{time.strftime('%Y%m%d-%H%M%S')}")
         folder, suffix = stem, 1
         while rank() == 0:                          # mkdir claims the name: exists() then mkdir races
+            if suffix > 1000:
+                fail(f"--out {args.out}: cannot claim a run folder named {stem.name}: check the folder")
             try:
                 folder.mkdir(parents=True)
                 break

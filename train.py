@@ -159,7 +159,7 @@ def run_phase(phase, model, run, splits, resume=None):
         except ValueError as e:                            # e.g. an optimiser of other groups
             fail(f"--resume {run.folder}: its last.pt (commit {resume['commit']}) cannot be "
                  f"restored by this code ({e}); start a new run")
-        runs.catch_up_log(run.folder, resume)              # a stop came between last.pt and log
+        runs.catch_up_log(run.folder, resume)              # a kill came between last.pt and log
         best, done, before = resume["best"], resume["epoch"], resume["seconds"]
     batches = steps.loader(splits["train"], phase.batch_size, args, run.device,
                            order=state.gens["order"])

@@ -8,11 +8,12 @@ and 25,000 test reviews, F = 9 fine-tuning epochs), paired by seed. Cells, in or
      {constant, cosine}, the best validation accuracy wins), then TFS and SPT (P = 3) with the chosen settings
 The rotary arms of cell a are the control's runs, copied (folder and reused.json) where a control run has the very
 same train.py flags and ran on this CPU model (the default reproduces its epoch 1 to the last digit there: README);
-otherwise they run here. The arms of one model's seed run on one machine: a (model, seed) some of whose runs ran on
-another CPU model is left for that machine (named, never mixed). Resumable: a finished run is skipped, a stopped one resumed, one
-stopped before its first evaluation started again, one a train.py holds locked left alone. The Transformer runs keep
-best.pt and spt.pt (with their attention by offset, attention.json: tools/attention_offsets.py; a plot per cell,
-attention_a.png and attention_b.png); other checkpoints are deleted once a run has finished. Each run: nice 19, one thread, --jobs at a time.
+otherwise they run here. The arms of one model's seed run on one machine: a (model, seed) some of whose runs ran
+on another CPU model is left for that machine (named, never mixed). Resumable: a finished run is skipped, a stopped
+one resumed, one stopped before its first evaluation started again, one a train.py holds locked left alone. The
+Transformer runs keep best.pt and spt.pt (with their attention by offset, attention.json: tools/attention_offsets.py;
+a plot per cell, attention_a.png and attention_b.png); other checkpoints are deleted once a run has finished. Each
+run: nice 19, one thread, --jobs at a time.
     python results/why_spt.py --dry-run          # the plan: what would run, resume, be reused or left
     python results/why_spt.py --cells a b c      # the study, about 14 h on 2 cores; run again after a stop
     python results/summarize.py                  # its tables in results/summary.md
@@ -142,8 +143,8 @@ def model_seed(ident):
 
 def plan(jobs, out, cpu, reuse_from, dry=False, log=print):
     """Decide each (name, cmd) of jobs: skip (finished), resume, start, reuse a control run (copy it), or leave it
-    (another CPU model holds its seed). dry: say so, change nothing on disk. -> [(name, cmd, folder to resume or
-    None)] to run."""
+    (another CPU model holds its model's seed). dry: say so, change nothing on disk. -> [(name, cmd, folder to
+    resume or None)] to run."""
     found, reusable = folders(out), folders(reuse_from) if reuse_from else {}
     seed_cpus = {}                # (model, seed) -> the CPU models its runs here ran on (contrasts pair within a model)
     for ident, (_, config) in found.items():

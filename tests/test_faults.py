@@ -206,7 +206,7 @@ def test_a_sigterm_between_the_best_checkpoint_and_last_pt_waits_for_last_pt_and
     save, sent = runs.save_checkpoint, []
     def save_then_sigterm(path, state):
         save(path, state)
-        if path.name == "spt.pt" and state["epoch"] >= 2 and not sent:
+        if path.name == "spt.pt" and not sent:                          # epoch 1: always a new best
             sent.append(state["epoch"])
             os.kill(os.getpid(), signal.SIGTERM)                      # lands between spt.pt and last.pt
     before = signal.getsignal(signal.SIGTERM)
@@ -220,7 +220,7 @@ def test_a_sigterm_between_the_best_checkpoint_and_last_pt_waits_for_last_pt_and
     finally:
         signal.signal(signal.SIGTERM, before)
         runs.STOP["cause"] = "Ctrl-C"
-    assert sent, "no SPT epoch after the first improved: the signal was never sent"
+    assert sent == [1], sent
     line = one_line(capsys, 143, f"stopped by SIGTERM at spt epoch {sent[0]}, writing checkpoints", e)
     (folder,) = tmp_path.iterdir()
     assert torch.load(folder / "last.pt", weights_only=True)["epoch"] == sent[0], f"last.pt was not written: {line}"
@@ -230,23 +230,38 @@ def test_a_sigterm_between_the_best_checkpoint_and_last_pt_waits_for_last_pt_and
     assert epochs == [1, 2, 3] and (folder / "results.json").is_file(), f"the resumed run's SPT records: {epochs}"
 
 
-def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
-    import threading
-    monkeypatch.setattr(runs.time, "strftime", lambda fmt: "20261204-120000")
+def test_a_stop_held_in_a_block_that_fails_is_not_left_for_a_later_block(monkeypatch):
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setitem(runs.STOP, "cause", "Ctrl-C")
+    runs.stop_on_sigterm()
+    try:
+        with pytest.raises(OSError):
+            with runs.held_stops():
+                os.kill(os.getpid(), signal.SIGTERM)                  # held...
+                time.sleep(0.01)
+                raise OSError("disk full")                            # ...and the write then fails
+        assert runs.STOP["held"] == 0 and not runs.STOP["pending"], runs.STOP
+        with runs.held_stops():                                       # a later run's writes: nothing fires
+            pass
+        with pytest.raises(KeyboardInterrupt):                        # a held stop does fire at the block's end
+            with runs.held_stops():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def test_a_run_folder_another_run_made_in_the_same_second_gives_this_run_the_next_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs.time, "strftime", lambda fmt, *a: "20261204-120000")
     args = train.parse_flags(["--model", "dlr", "--task", "listops", "--out", str(tmp_path),
                               "--data-dir", str(tmp_path)])[0]
-    barrier, names = threading.Barrier(6), []
-    def start():
-        with runs.run_folder(args, {"command": []}, []) as folder:
-            names.append(folder.name)
-            barrier.wait(timeout=30)                                  # all six hold their folders at once
-    threads = [threading.Thread(target=start) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(names) == ["listops-dlr-tfs-s0-20261204-120000"] + [
-        f"listops-dlr-tfs-s0-20261204-120000+{i}" for i in range(1, 6)], names
+    stem = "listops-dlr-tfs-s0-20261204-120000"
+    (tmp_path / stem).mkdir()                                         # the other run's, made a moment ago...
+    monkeypatch.setattr(Path, "exists", lambda self: False)           # ...after any look this run took (the race)
+    with runs.run_folder(args, {"command": []}, []) as first, runs.run_folder(args, {"command": []}, []) as second:
+        names = first.name, second.name
+    monkeypatch.undo()
+    assert names == (f"{stem}+1", f"{stem}+2") and (tmp_path / f"{stem}+1" / "config.json").is_file(), names
 
 
 def stopped_at_spt_epoch_2_then_resumed(data_dir, tmp_path, monkeypatch, before_stop):

@@ -355,7 +355,7 @@ class StepTrace:
         here = Path(code.co_filename)
         ours = code.co_filename.startswith(str(REPO)) and "/tests/" not in code.co_filename
         if event == "call" and ours and code.co_name == "to_device" and frame.f_back.f_code.co_name == "train_epoch":
-            self.active = self.step_started = True
+            self.active = True
         if not self.active:
             return
         if event == "return" and ours and code.co_name == "guard_step":

@@ -40,10 +40,9 @@ import lra_data
 import models
 import ssm
 import steps
-from tools import hardware
 import train
 from lra import pathfinder
-from tools import checked, memory, speed
+from tools import checked, hardware, memory, speed
 from tools.gpu_summary import summary_lines
 from tools.memory import device_type, memory_mib
 

@@ -1,7 +1,7 @@
 """tools/provenance.py: what a run's record says about where its numbers came from besides the flags: the
 commit of the code (with -dirty when a tracked file differs) and the machine (CPU model, threads, GPU name).
-train.py writes both into config.json and the log's device line; the study drivers (results/control.py,
-results/why_spt.py) read the CPU model to keep the arms of a seed on one machine."""
+runs.run_meta writes both into a run's config.json and runs.startup_lines into its log's device line;
+results/why_spt.py reads the CPU model to keep the runs of a model's seed on one machine."""
 import contextlib
 import os
 import subprocess
