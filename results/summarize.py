@@ -95,7 +95,9 @@ def read_run(folder):
                 command="python " + " ".join(config.get("command", [])), kernels=kernels,
                 spt_loss=(spt_records[0]["val_loss"], spt_records[-1]["val_loss"]) if spt_records else None,
                 spt_best=min(r["val_loss"] for r in spt_records) if spt_records else None,
-                spt_epochs_run=results.get("spt_epochs"),
+                # runs before --pretrain-patience lack the key: their SPT records count the epochs run
+                spt_epochs_run=results.get("spt_epochs") or (max(r["epoch"] for r in spt_records) if spt_records
+                                                             else None),
                 speed=next((step for step, acc in curve if acc > chance + MARGIN), None), predictions=predictions,
                 best_epoch=results.get("best_epoch"), last_epoch=max((r["epoch"] for r in records
                                                                      if r.get("phase") == "finetune"), default=0))

@@ -214,8 +214,8 @@ def finish(out, nice):
 
 
 def plot_cells(out, finetune):
-    """attention_<cell>.png for cells a and b: the attention by offset of every Transformer run of the cell that has
-    attention.json (tools/attention_offsets.plot: one line per run and checkpoint, uniform attention dashed)."""
+    """attention_<cell>.png for cells a and b: the attention by offset of the Transformer runs of the cell that have
+    attention.json (tools/attention_offsets.plot: one line per arm and checkpoint, the mean over its seeds)."""
     sys.path.insert(0, str(REPO))
     from tools import attention_offsets
     by_cell = {}
@@ -225,9 +225,9 @@ def plot_cells(out, finetune):
             cell = next((c for c, by_model in arms(finetune).items() if key and key[1] in by_model.get(key[0], {})),
                         None)
             if cell:
-                by_cell.setdefault(cell, []).append(json.loads((folder / "attention.json").read_text()))
-    for cell, results in sorted(by_cell.items()):
-        attention_offsets.plot(results, Path(out) / f"attention_{cell}.png")
+                by_cell.setdefault(cell, []).append((key[1], json.loads((folder / "attention.json").read_text())))
+    for cell, found in sorted(by_cell.items()):                # one line per arm and checkpoint, over its seeds
+        attention_offsets.plot([r for _, r in found], Path(out) / f"attention_{cell}.png", [a for a, _ in found])
 
 
 def run_all(todo, args):

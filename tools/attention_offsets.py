@@ -159,32 +159,40 @@ def summary_lines(result):
     return lines
 
 
-def plot(results, path):
-    """One panel per layer: attention mass by offset (mean over heads) of each run and checkpoint, log-log, with
-    uniform attention's dashed; a last panel of the first layer's position-only scores (absolute codes)."""
+def plot(results, path, labels=None):
+    """One panel per layer: attention mass by offset (mean over heads, then over the runs of a group) of each group
+    and checkpoint, log-log, with uniform attention's dotted; a last panel of the first layer's position-only scores
+    (absolute codes). labels: a group name per result (default: its position code and SPT or TFS)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    n_layers = max(len(c["layers"]) for r in results for c in r["checkpoints"].values())
-    fig, axes = plt.subplots(1, n_layers + 1, figsize=(4.2 * (n_layers + 1), 3.6))
-    for r in results:
+    labels = labels or [f"{r['pos']} {'SPT' if r['spt'] else 'TFS'}" for r in results]
+    groups = {}                                               # (group, checkpoint) -> its runs' checkpoint results
+    for label, r in zip(labels, results):
         for name, c in r["checkpoints"].items():
-            label = f"{r['pos']} {'SPT' if r['spt'] else 'TFS'} s{r['seed']} {name.removesuffix('.pt')}"
-            style = "--" if name == "spt.pt" else "-"
-            for ax, layer in zip(axes, c["layers"]):
-                mass = torch.tensor(layer["mass_by_offset"]).mean(0)           # (L,) mean over heads
-                ax.loglog(range(1, len(mass)), mass[1:], style, lw=1, label=label)
-            if c["position_scores_by_offset"] is not None:
-                axes[-1].plot(torch.tensor(c["position_scores_by_offset"]).mean(0), style, lw=1, label=label)
-    first = next(iter(results[0]["checkpoints"].values()))
+            groups.setdefault((label, name), []).append(c)
+    n_layers = max(len(c["layers"]) for cs in groups.values() for c in cs)
+    fig, axes = plt.subplots(1, n_layers + 1, figsize=(4.2 * (n_layers + 1), 4.4))
+    colors = {label: f"C{i}" for i, label in enumerate(dict.fromkeys(labels))}
+    for (label, name), cs in sorted(groups.items()):
+        style = dict(ls="--" if name == "spt.pt" else "-", color=colors[label], lw=1.2,
+                     label=f"{label} {name.removesuffix('.pt')} (n={len(cs)})")
+        for i, ax in enumerate(axes[:n_layers]):
+            mass = torch.stack([torch.tensor(c["layers"][i]["mass_by_offset"]).mean(0) for c in cs]).mean(0)  # (L,)
+            ax.loglog(range(1, len(mass)), mass[1:], **style)
+        scores = [torch.tensor(c["position_scores_by_offset"]).mean(0) for c in cs
+                  if c["position_scores_by_offset"] is not None]
+        if scores:
+            axes[-1].plot(torch.stack(scores).mean(0), **style)                    # (L,) mean over heads, runs
+    first = next(iter(groups.values()))[0]
     for ax, layer, i in zip(axes, first["layers"], range(n_layers)):
         uniform = layer["uniform_mass_by_offset"]
-        ax.loglog(range(1, len(uniform)), uniform[1:], ":", color="k", label="uniform")
+        ax.loglog(range(1, len(uniform)), uniform[1:], ":", color="k", label="uniform" if i == 0 else None)
         ax.set(title=f"layer {i + 1}: attention mass by offset", xlabel="offset |i − j|",
-               ylabel="mass (mean of heads)")
+               ylabel="mass (mean of heads, runs)")
     axes[-1].set(title="layer 1, position code alone", xlabel="offset |i − j|", ylabel="mean score q·k/√hs")
-    axes[0].legend(fontsize=6)
-    fig.tight_layout()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
