@@ -422,3 +422,36 @@ def test_the_why_spt_tables_pair_arms_by_seed_and_adjust_the_primary_contrasts(t
     stats = script("stats")
     p1, p2 = stats.paired_test([4.0, 5.0, 3.0])[1], stats.paired_test([4.0, 4.0, 3.0])[1]
     assert c1[4] == f"{p1:.3g} (Holm {stats.holm([p1, p2])[0]:.3g})", c1  # Holm over the two that ran
+
+
+def test_the_unigram_loss_of_two_equally_frequent_tokens_is_ln_2_and_smoothing_keeps_unseen_ones_finite():
+    import numpy as np
+    unigram = script("unigram")
+    assert unigram.unigram_loss(np.array([0, 0, 5, 5])) == pytest.approx(np.log(2), rel=1e-12)
+    # q = (1/2, 1/2) under p = (1/4, 3/4): −(ln 1/4 + ln 3/4) / 2
+    assert unigram.unigram_loss(np.array([1, 3]), np.array([2, 2])) == pytest.approx(-(np.log(.25) + np.log(.75)) / 2)
+    with pytest.raises(ValueError, match="never saw|no probability"):
+        unigram.unigram_loss(np.array([4, 0]), np.array([1, 1]))
+    # add-one: p = (4 + 1, 0 + 1) / 6
+    assert unigram.unigram_loss(np.array([4, 0]), np.array([1, 1]), smoothing=1.0) == pytest.approx(
+        -(np.log(5 / 6) + np.log(1 / 6)) / 2)
+
+
+def test_the_committed_unigram_losses_are_the_ones_the_study_data_gives_and_the_write_ups_cite(shared_data, tmp_path):
+    """results/why_spt/unigram.json is recomputed from the real IMDB data with the study run's own settings (a fresh
+    cache under tmp_path), and both write-ups cite its numbers as rounded there."""
+    unigram = script("unigram")
+    committed = json.loads((RESULTS / "why_spt" / "unigram.json").read_text())
+    run = RESULTS / "why_spt" / committed["run"]
+    config = json.loads((run / "config.json").read_text())
+    config["args"].update(data_dir=str(shared_data / "text"), cache_dir=str(tmp_path / "cache"))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    unigram.main([str(tmp_path / "run"), "--out", str(tmp_path / "unigram.json")])
+    fresh = json.loads((tmp_path / "unigram.json").read_text())
+    assert {k: v for k, v in fresh.items() if k != "run"} == {k: v for k, v in committed.items() if k != "run"}
+    cited = {RESULTS / "why_spt" / "README.md": ("entropy_train_nats", "cross_entropy_val_nats"),
+             RESULTS.parent / "README.md": ("cross_entropy_val_nats",)}
+    for doc, keys in cited.items():
+        for key in keys:
+            assert f"{committed[key]:.2f} nats" in doc.read_text(), f"{doc} does not cite {key} as {committed[key]:.2f} nats"
