@@ -8,6 +8,7 @@ found:    the layout looked for (data_dir, data_dir/lra_release/, data_dir/lra_r
 notes:    shortfall_note: the data note of a run on a short release-format split (lra_data.load)
 Check: tests/test_lra_check.py (small files in each official layout: complete, cut, misplaced).
 """
+import fnmatch
 import os
 import pickle
 import tarfile
@@ -47,7 +48,7 @@ EXPECTED = {
                         {"train": None, "test": 10_000}, "original ListOps (Nangia & Bowman 2018), test_d20s.tsv: "
                         + SPINN + "; its train split: " + NO_SOURCE,
                         f"{DOWNLOAD} DIR, or generate: python lra_data.py --task listops --generate 100000"),
-    "text": Expected("aclImdb/{train,test}/{pos,neg}/*.txt or aclImdb_v1.tar.gz",
+    "text": Expected("aclImdb/{train,test}/{pos,neg}/*.txt or aclImdb*.tar.gz",
                      {"train": 25_000, "test": 25_000}, "LRA uses IMDB's splits as they are: " + LRA_APPENDIX,
                      {"train": 25_000, "test": 25_000}, "IMDB (Maas et al. 2011): " + IMDB,
                      "download aclImdb_v1.tar.gz (Stanford's Large Movie Review Dataset page) into DIR"),
@@ -160,12 +161,13 @@ def pathfinder_counts(folder, contour_length, problems):
 # ---------------------------------------------------------------- one task
 
 def misplaced(data_dir, names, depth=4):
-    """Paths under data_dir (at most `depth` levels, skipping image and cache folders) whose name is in names."""
+    """Paths under data_dir (at most `depth` levels, skipping image and cache folders) whose name matches one of
+    names (exact names or fnmatch patterns: IMDB's archive is read as aclImdb*.tar.gz)."""
     hits, data_dir = [], Path(data_dir)
     for root, dirs, filenames in os.walk(data_dir):
         level = len(Path(root).relative_to(data_dir).parts)
         dirs[:] = [d for d in dirs if d not in ("imgs", "cache") and level < depth]
-        hits += [Path(root) / n for n in list(dirs) + filenames if n in names]
+        hits += [Path(root) / n for n in list(dirs) + filenames if any(fnmatch.fnmatch(n, m) for m in names)]
     return sorted(hits)
 
 
@@ -186,7 +188,7 @@ def check_task(task, data_dir, difficulty="hard"):
     if task in SIDE:
         rel = f"pathfinder{SIDE[task]}/{DIFFICULTIES[difficulty].folder}"
     looked = ([data_dir / p / rel for p in ("", "lra_release", "lra_release/lra_release")] if rel else
-              [data_dir / "aclImdb", data_dir / "aclImdb_v1.tar.gz"] if task == "text" else
+              [data_dir / "aclImdb", data_dir / "aclImdb*.tar.gz"] if task == "text" else
               [data_dir / "cifar-10-batches-py", data_dir / lra_files.CIFAR_TAR])
     report = Report(task, data_dir, looked)
     try:
@@ -201,7 +203,7 @@ def check_task(task, data_dir, difficulty="hard"):
         where = None
     if where is None or not where.exists():
         names = {"listops": {"listops-1000", "basic_train.tsv"}, "retrieval": {"tsv_data", "new_aan_pairs.train.tsv"},
-                 "text": {"aclImdb"}, "image": {"cifar-10-batches-py", lra_files.CIFAR_TAR}}
+                 "text": {"aclImdb", "aclImdb*.tar.gz"}, "image": {"cifar-10-batches-py", lra_files.CIFAR_TAR}}
         elsewhere = misplaced(data_dir, names.get(task, {f"pathfinder{SIDE.get(task)}"}))
         if task in SIDE and f"pathfinder{SIDE[task]}" in (data_dir.name, data_dir.parent.name):
             elsewhere = [data_dir]
@@ -211,9 +213,11 @@ def check_task(task, data_dir, difficulty="hard"):
                                    f"{', '.join(d.folder for d in others)} in {where.parent}: the paper's task is "
                                    f"{DIFFICULTIES['hard'].folder}; unpack it from lra_release.gz")
         elif elsewhere:
-            report.problems.append(f"found {elsewhere[0]}, not where it is read ({exp.layout} under {data_dir} "
-                                   f"or {data_dir}/lra_release/): move it there, or point --data-dir at the "
-                                   f"folder that holds {exp.layout.split('/')[0]}")
+            read_in = f"{data_dir} or {data_dir}/lra_release/" if rel else f"{data_dir}"    # release tasks
+            holds = (f"{elsewhere[0].parent}" if task == "text" else       # IMDB's archive: any aclImdb*.tar.gz
+                     f"the folder that holds {exp.layout.split('/')[0]}")
+            report.problems.append(f"found {elsewhere[0]}, not where it is read ({exp.layout} under {read_in}): "
+                                   f"move it there, or point --data-dir at {holds}")
         return report
     report.found = where
     generated = (where / GENERATED_MARK).exists() if where.is_dir() else False

@@ -106,6 +106,14 @@ def test_the_shared_imdb_archive_is_complete(shared_data):
     assert report.verdict == "complete" and report.sizes == {"train": 25_000, "test": 25_000}, report
 
 
+def test_an_imdb_archive_one_folder_down_is_found_and_named_with_the_data_dir_to_give(shared_data):
+    archive = shared_file(shared_data, "text/aclImdb_v1_labeled_50k.tar.gz")
+    report = check.check_task("text", shared_data)                  # the archive is in text/, one level down
+    assert report.verdict == "problems" and report.problems == [
+        f"found {archive}, not where it is read (aclImdb/{{train,test}}/{{pos,neg}}/*.txt or aclImdb*.tar.gz under "
+        f"{shared_data}): move it there, or point --data-dir at {archive.parent}"], report.problems
+
+
 def test_complete_official_layouts_are_judged_complete_and_exit_0(small_release, tmp_path, capsys):
     write_all(tmp_path)
     found = verdicts(tmp_path)
