@@ -366,7 +366,7 @@ def largest_part(check):
         values = {**models.preset_values("paper", model_name, task, phase == "spt"), **check.scale["largest_size"]}
         batch = values["pretrain_batch_size" if phase == "spt" else "batch_size"]
         L = check.scale["largest_L"] or max(hardware.padded_lengths(task))
-        plan = memory.plan_phase(model_name, task, values, phase, batch, L, precision, budget)
+        plan = memory.plan_phase(memory.Phase(model_name, task, values, phase, L, precision), batch, budget)
         build, forward = memory.training_case(model_name, task, values, phase, plan["micro_batch"], L)
         torch.manual_seed(0)
         model = build().to(device)

@@ -233,16 +233,30 @@ def step_estimate(model_name, task, values, phase, B, L, precision):
     return _PEAKS[key]
 
 
-def plan_phase(model_name, task, values, phase, batch, L, precision, budget, accum_steps=None):
-    """The micro-batches of one phase: the smallest accum_steps that divides `batch` (this process's rows of a step)
-    and whose micro-batch batch / accum_steps has an estimated peak (training_memory at the padded length L) within
-    `budget` bytes; accum_steps given: kept, only estimated. precision: train.py's --precision (fp16 counts as bf16,
-    tf32 as fp32). Fewer accumulation steps first: the same update, but BatchNorm normalises each micro-batch with its
-    own statistics (docs/gpu.md). -> dict(phase, batch, L, accum_steps, micro_batch, est_gib, budget_gib, fits)."""
-    precision = "bf16" if precision in ("bf16", "fp16") else "fp32"
-    peak = lambda m: step_estimate(model_name, task, values, phase, m, L, precision)["peak"]   # noqa: E731
+@dataclasses.dataclass
+class Phase:
+    """A phase whose memory is planned: the model (a MODELS name), the task, its preset values (models.preset_values),
+    "spt" or "finetune", the padded length L (tokens; pixels: side²) and train.py's --precision (fp16 counts as bf16,
+    tf32 as fp32)."""
+    model_name: str
+    task: str
+    values: dict
+    name: str
+    L: int
+    precision: str
+
+
+def plan_phase(phase, batch, budget, accum_steps=None):
+    """The micro-batches of one Phase: the smallest accum_steps that divides `batch` (this process's rows of a step)
+    and whose micro-batch batch / accum_steps has an estimated peak (training_memory at the padded length phase.L)
+    within `budget` bytes; accum_steps given: kept, only estimated. Fewer accumulation steps first: the same update,
+    but BatchNorm normalises each micro-batch with its own statistics (docs/gpu.md).
+    -> dict(phase, batch, L, accum_steps, micro_batch, est_gib, budget_gib, fits)."""
+    precision = "bf16" if phase.precision in ("bf16", "fp16") else "fp32"
+    case = (phase.model_name, phase.task, phase.values, phase.name)
+    peak = lambda m: step_estimate(*case, m, phase.L, precision)["peak"]                      # noqa: E731
     if accum_steps is None:
-        whole = step_estimate(model_name, task, values, phase, batch, L, precision)
+        whole = step_estimate(*case, batch, phase.L, precision)
         accum_steps = 1
         if whole["peak"] > budget:
             # weights, gradients, AdamW's moments stay; the step's activations shrink with the micro-batch: a
@@ -254,8 +268,8 @@ def plan_phase(model_name, task, values, phase, batch, L, precision, budget, acc
                     break
     micro = -(-batch // accum_steps)
     est = peak(micro)
-    return dict(phase=phase, batch=batch, L=L, accum_steps=accum_steps, micro_batch=micro, est_gib=est / 2**30,
-                budget_gib=budget / 2**30, fits=bool(est <= budget))
+    return dict(phase=phase.name, batch=batch, L=phase.L, accum_steps=accum_steps, micro_batch=micro,
+                est_gib=est / 2**30, budget_gib=budget / 2**30, fits=bool(est <= budget))
 
 
 # ---- the check: the estimate against a real CPU step ----------------------------------------------------------------
@@ -362,8 +376,8 @@ def plan_memory(args, meta, device, world):
             lines.append(f"memory plan {phase}: micro-batch {record[phase]['micro_batch']} × "
                          f"{getattr(args, accum)} accumulation steps (no card: not estimated)")
             continue
-        plan = plan_phase(args.model, args.task, meta["config"], phase, rows, L,
-                                 args.precision, budget, getattr(args, accum))
+        plan = plan_phase(Phase(args.model, args.task, meta["config"], phase, L, args.precision), rows, budget,
+                          getattr(args, accum))
         setattr(args, accum, plan["accum_steps"])
         record[phase] = dict(plan, card_gib=total / 2**30)
         lines.append(f"memory plan {phase}: micro-batch {plan['micro_batch']} × {plan['accum_steps']}"
