@@ -24,6 +24,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import multiprocessing
 import os
 import shutil
 import tarfile
@@ -461,17 +462,25 @@ def gpu_check(args, argv, started):
 
     def stop(signum, frame):
         raise Stopped("SIGTERM: the check stopped here, the parts before are saved")
-    old = signal.signal(signal.SIGTERM, stop)
+    old, stopped = signal.signal(signal.SIGTERM, stop), False
     try:
         for name, fn in PARTS.items():
             attempt(check, name, fn, check.scale["guess_s"][name])
     except Stopped:
         check.save("stopped", dict(status="error", error="stopped by SIGTERM", seconds=time.time() - started))
-        print(f"gpu check: stopped by SIGTERM; what was done is in {check.out}", file=sys.stderr)
-        raise SystemExit(143) from None
+        print(f"gpu check: stopped by SIGTERM; what was done is in {check.out}", file=sys.stderr, flush=True)
+        stopped = True
     finally:
         signal.signal(signal.SIGTERM, old)
         shutil.rmtree(check.work, ignore_errors=True)
+    if stopped:
+        # What was done is on disk. Exit now, not through the interpreter's shutdown: that joins every worker pool
+        # a part left, and one that SIGTERM interrupted mid-task (a data generator's) can keep it waiting past a
+        # scheduler's grace period (seen once in CI: the message above, then no exit for 60 s).
+        for child in multiprocessing.active_children():
+            child.terminate()
+        sys.stdout.flush()
+        os._exit(143)
     failed = [name for name, part in check.parts.items() if part["status"] == "error"]
     print("\n".join(summary_lines(check)) + (f"\nFAILED: {', '.join(failed)}" if failed else ""))
     return dict(out_dir=str(check.out), parts=check.parts, failed=failed)
