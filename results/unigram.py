@@ -25,13 +25,8 @@ OUT = Path(__file__).resolve().parent / "why_spt" / "unigram.json"
 
 def content_counts(ds):
     """Token counts of a token-task split's content (every id but PAD and EOS): (V,) int64, V = the largest id + 1."""
-    counts = np.zeros(0, np.int64)
-    for i in range(len(ds)):
-        x = ds[i][0].reshape(-1).numpy()
-        c = np.bincount(x[(x != PAD) & (x != EOS)])
-        counts = np.pad(counts, (0, max(0, len(c) - len(counts))))
-        counts[: len(c)] += c
-    return counts
+    ids = np.concatenate([ds[i][0].reshape(-1).numpy() for i in range(len(ds))])          # (tokens,) the split's ids
+    return np.bincount(ids[(ids != PAD) & (ids != EOS)])
 
 
 def unigram_loss(train, other=None, smoothing=0.0):
