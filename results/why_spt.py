@@ -1,21 +1,25 @@
 """results/why_spt.py: why SPT gives our Transformer nothing at CPU scale, and whether S4's and DLR's gains hold
-against a tuned baseline (issue 31; the plan and its primary contrasts: results/why_spt/README.md, written before
-any run). The control study's setting (results/control.py: Text, 4,000 reviews, width 64 × 2, all 2,500 validation
+against a tuned baseline (the plan and its primary contrasts: results/why_spt/README.md, written before any run;
+its dated section, the later arms). The control study's setting (results/control.py: Text, 4,000 reviews, width 64 × 2, all 2,500 validation
 and 25,000 test reviews, F = 9 fine-tuning epochs), paired by seed. Cells, in order of priority:
   a  Transformer, --pos sinusoidal: TFS and SPT (P = 3), beside the control's rotary TFS and SPT (P = 3)
   b  Transformer, rotary and sinusoidal: SPT to convergence (--pretrain-patience 3, at most 15 epochs), then F = 9
-  c  S4 and DLR: TFS tuned on validation (a pilot on seed 100, not a study seed: dropout {0, 0.1} × schedule
-     {constant, cosine}, the best validation accuracy wins), then TFS and SPT (P = 3) with the chosen settings
-The rotary arms of cell a are the control's runs, copied (folder and reused.json) where a control run has the very
-same train.py flags and ran on this CPU model (the default reproduces its epoch 1 to the last digit there: README);
-otherwise they run here. The arms of one model's seed run on one machine: a (model, seed) some of whose runs ran
-on another CPU model is left for that machine (named, never mixed). Resumable: a finished run is skipped, a stopped
+     and its SPT-length arm: rotary, at most 40 SPT epochs (conv40-rot)
+  c  TFS tuned on validation (a pilot on seed 100, not a study seed: dropout {0, 0.1} × schedule {constant,
+     cosine}, the best validation accuracy wins), then with the chosen settings S4's and DLR's TFS and SPT (P = 3),
+     the Transformer's TFS
+  p  the sinusoidal plateau: seed 100, SPT lr {5e-4, 1e-3, 2e-3} × warm-up {20, 250} (in plateau/)
+A run is keyed by its train.py flags and its CPU model: a run finished on another CPU model is no run of this
+machine's, and each per-seed difference of the tables takes all its terms from one CPU model (study_cells). The
+rotary arms of cell a are the control's runs, copied (folder and reused.json) where a control run has the very same
+train.py flags and ran on this CPU model; otherwise they run here. Resumable: a finished run is skipped, a stopped
 one resumed, one stopped before its first evaluation started again, one a train.py holds locked left alone. The
-Transformer runs keep best.pt and spt.pt (with their attention by offset, attention.json: tools/attention_offsets.py;
-a plot per cell, attention_a.png and attention_b.png); other checkpoints are deleted once a run has finished. Each
-run: nice 19, one thread, --jobs at a time.
+Transformer runs of study seeds keep best.pt and spt.pt (with their attention by offset, attention.json:
+tools/attention_offsets.py; a plot per cell, attention_a.png and attention_b.png); other checkpoints are deleted
+once a run has finished. Each run: nice 19, one thread, --jobs at a time.
     python results/why_spt.py --dry-run          # the plan: what would run, resume, be reused or left
     python results/why_spt.py --cells a b c      # the study, about 14 h on 2 cores; run again after a stop
+    python results/why_spt.py --cells b --seeds 3 4 5 --arms conv-rot     # some arms and seeds only
     python results/summarize.py                  # its tables in results/summary.md
 """
 import argparse
@@ -36,23 +40,36 @@ sys.path.insert(0, str(HERE))
 import control  # noqa: E402  (the control study's setting, its run folders, locks)
 
 PATIENCE, CAP, PRETRAIN = 3, 15, 3          # cell b's K and epoch cap; cells a and c pre-train P epochs (control's)
+LONG_CAP = 40                               # the SPT-length arm's cap (conv40-rot), same K
+PLATEAU_LRS, PLATEAU_WARMUPS = ("5e-4", "1e-3", "2e-3"), ("20", "250")   # cell p's grid (sinusoidal, seed 100)
+PLATEAU_EXIT = 3.0                          # "leaves the plateau": an SPT validation loss below this (nats), any epoch
 GRID = [(dropout, schedule) for dropout in ("0", "0.1") for schedule in ("constant", "cosine")]
 PILOT_SEED = 100
 PATHS = ("--data-dir", "--cache-dir", "--out")      # where a run reads and writes: not what it is
 
 
 def arms(finetune, choice=None):
-    """{cell: {model: {arm: train.py flags}}}; choice: cell c's {model: (dropout, schedule)} from the pilot."""
+    """{cell: {model: {arm: train.py flags}}}; choice: cell c's {model: (dropout, schedule)} from the pilot (the
+    Transformer's cell c is its tuned TFS only)."""
     ft, spt = ["--epochs", str(finetune)], ["--spt", "--pretrain-epochs", str(PRETRAIN)]
-    converged = ["--spt", "--pretrain-epochs", str(CAP), "--pretrain-patience", str(PATIENCE)]
+    converged = lambda cap: ["--spt", "--pretrain-epochs", str(cap), "--pretrain-patience", str(PATIENCE)]  # noqa
     sin = ["--pos", "sinusoidal"]
     cells = {"a": {"transformer": {"tfs-sin": sin + ft, "spt-sin": sin + spt + ft, "tfs-rot": ft,
                                    "spt-rot": spt + ft}},
-             "b": {"transformer": {"conv-rot": converged + ft, "conv-sin": sin + converged + ft}}, "c": {}}
+             "b": {"transformer": {"conv-rot": converged(CAP) + ft, "conv-sin": sin + converged(CAP) + ft,
+                                   "conv40-rot": converged(LONG_CAP) + ft}}, "c": {}}
     for model, (dropout, schedule) in (choice or {}).items():
         tuned = grid_flags(dropout, schedule)
-        cells["c"][model] = {"tfs-tuned": tuned + ft, "spt-tuned": tuned + spt + ft}
+        cells["c"][model] = {"tfs-tuned": tuned + ft} if model == "transformer" else {
+            "tfs-tuned": tuned + ft, "spt-tuned": tuned + spt + ft}
     return cells
+
+
+def plateau_flags(lr, warmup):
+    """Cell p: a sinusoidal SPT run of 3 epochs and one fine-tuning epoch at SPT learning rate lr and warm-up steps
+    warmup (both phases)."""
+    return ["--pos", "sinusoidal", "--spt", "--pretrain-epochs", str(PRETRAIN), "--epochs", "1", "--pretrain-lr", lr,
+            "--warmup", warmup]
 
 
 def grid_flags(dropout, schedule):
@@ -80,12 +97,15 @@ def command(model, seed, flags, args):
 
 
 def folders(out):
-    """{identity: (run folder, config.json)} of the run folders under out."""
+    """{(identity, CPU model): (run folder, config.json)} of the run folders under out: one run of a flag set per
+    CPU model (a finished one before an unfinished one, else the later folder)."""
     found = {}
     for folder in sorted(Path(out).glob("*")):
         if (folder / "config.json").is_file():
             config = json.loads((folder / "config.json").read_text())
-            found[identity(config["command"])] = (folder, config)
+            key = (identity(config["command"]), cpu_of(config))
+            if key not in found or (folder / "results.json").is_file() or not (found[key][0] / "results.json").is_file():
+                found[key] = (folder, config)
     return found
 
 
@@ -103,24 +123,24 @@ def this_cpu():
 
 def pilot_choice(pilot, models):
     """Cell c's choice from the finished pilot runs: per model the (dropout, schedule) of the best validation accuracy
-    (ties: the earlier in GRID, the control's settings first) -> ({model: (dropout, schedule)}, [missing]), and
-    pilot/choice.json once every grid run has finished."""
+    (ties: the earlier in GRID, the control's settings first) -> ({model: (dropout, schedule)}, [missing] of models),
+    and pilot/choice.json, with every model whose grid has finished, once the grids of models have."""
     found, choice, missing, table = folders(pilot), {}, [], {}
-    for model in models:
+    for model in ("transformer", "s4", "dlr"):
         accs = {}
         for dropout, schedule in GRID:
             key = (model, PILOT_SEED, dropout, schedule)
-            hit = next((f for ident, (f, _) in found.items() if run_key(ident, model, PILOT_SEED)
+            hit = next((f for (ident, _), (f, _) in found.items() if run_key(ident, model, PILOT_SEED)
                         and (flag(ident, "--dropout") or "0") == dropout
                         and (flag(ident, "--schedule") or "constant") == schedule), None)
             if hit is None or not (hit / "results.json").is_file():
-                missing.append(key)
+                missing += [key] if model in models else []
                 continue
             accs[(dropout, schedule)] = json.loads((hit / "results.json").read_text())["best_val_acc"]
         if len(accs) == len(GRID):
             choice[model] = max(GRID, key=lambda g: (accs[g], -GRID.index(g)))
             table[model] = {f"dropout {d}, {s}": a for (d, s), a in accs.items()}
-    if not missing and models:
+    if not missing and models and choice:
         (pilot / "choice.json").write_text(json.dumps(dict(
             choice={m: dict(dropout=d, schedule=s) for m, (d, s) in choice.items()}, best_val_acc=table,
             rule="per model, the grid point of the highest best validation accuracy (ties: the earlier point)"),
@@ -136,30 +156,19 @@ def run_key(ident, model, seed):
     return flag(ident, "--model") == model and flag(ident, "--seed") == str(seed)
 
 
-def model_seed(ident):
-    """(model, seed) of a run: the unit that stays on one CPU model (every contrast pairs the runs of one model)."""
-    return flag(ident, "--model"), flag(ident, "--seed")
-
-
-def plan(jobs, out, cpu, reuse_from, dry=False, log=print):
-    """Decide each (name, cmd) of jobs: skip (finished), resume, start, reuse a control run (copy it), or leave it
-    (another CPU model holds its model's seed). dry: say so, change nothing on disk. -> [(name, cmd, folder to
-    resume or None)] to run."""
+def plan(jobs, out, cpu, reuse_from, dry=False, log=print, any_cpu=False):
+    """Decide each (name, cmd) of jobs on this machine's CPU model cpu: skip (finished on cpu), resume, start, or
+    reuse a control run of cpu (copy it); a run of the same flags on another CPU model counts for nothing here
+    (any_cpu: it counts, for the runs no contrast pairs: the pilot's choice, the plateau grid). dry: say so,
+    change nothing on disk. -> [(name, cmd, folder to resume or None)] to run."""
     found, reusable = folders(out), folders(reuse_from) if reuse_from else {}
-    seed_cpus = {}                # (model, seed) -> the CPU models its runs here ran on (contrasts pair within a model)
-    for ident, (_, config) in found.items():
-        seed_cpus.setdefault(model_seed(ident), set()).add(cpu_of(config))
     todo = []
     for name, cmd in jobs:
         ident = identity(cmd)
-        key, seed = model_seed(ident), flag(ident, "--seed")
-        folder, config = found.get(ident, (None, None))
-        if folder and (folder / "results.json").is_file():
+        if any_cpu and any(i == ident and (f / "results.json").is_file() for (i, _), (f, _) in found.items()):
             continue
-        elsewhere = seed_cpus.get(key, set()) - {cpu}
-        if elsewhere and seed != str(PILOT_SEED):
-            log(f"{name}: left: {key[0]} seed {seed}'s runs ran on {', '.join(sorted(elsewhere))}, this machine is "
-                f"{cpu} (the arms of a model's seed run on one machine)")
+        folder, config = found.get((ident, cpu), (None, None))
+        if folder and (folder / "results.json").is_file():
             continue
         if folder and control.in_use(folder):
             log(f"{folder.name}: being run by another train.py; left to it")
@@ -169,9 +178,8 @@ def plan(jobs, out, cpu, reuse_from, dry=False, log=print):
             if not dry:
                 shutil.rmtree(folder)
             folder = None
-        source = reusable.get(ident)
-        if folder is None and source and (source[0] / "results.json").is_file() and cpu_of(source[1]) == cpu:
-            seed_cpus.setdefault(key, set()).add(cpu)
+        source = reusable.get((ident, cpu))
+        if folder is None and source and (source[0] / "results.json").is_file():
             log(f"{name}: {'would reuse' if dry else 'reused'} {source[0].name} (same flags, {cpu})")
             if dry:
                 continue
@@ -182,7 +190,6 @@ def plan(jobs, out, cpu, reuse_from, dry=False, log=print):
                                                                why="the same train.py flags, the same CPU model"))
                                               + "\n")
             continue
-        seed_cpus.setdefault(key, set()).add(cpu)
         todo.append((name, cmd, folder))
     return todo
 
@@ -197,13 +204,13 @@ def run_one(cmd, folder, log, nice):
     return done.returncode
 
 
-def finish(out, nice):
-    """Finished runs: a Transformer's best.pt and spt.pt stay, with their attention.json; every other checkpoint
-    goes."""
+def finish(out, nice, keep=True):
+    """Finished runs: a Transformer's best.pt and spt.pt stay (keep: study seeds; not the pilots'), with their
+    attention.json; every other checkpoint goes."""
     for folder in sorted(Path(out).glob("*")):
         if not (folder / "results.json").is_file():
             continue
-        transformer = json.loads((folder / "config.json").read_text())["model_name"] == "transformer"
+        transformer = keep and json.loads((folder / "config.json").read_text())["model_name"] == "transformer"
         for ck in folder.glob("*.pt"):
             if not (transformer and ck.name in ("best.pt", "spt.pt")):
                 ck.unlink()
@@ -268,6 +275,9 @@ SECONDARY = [
     ("sinusoidal: converged SPT − SPT (P = 3)", {("transformer", "conv-sin"): 1, ("transformer", "spt-sin"): -1}),
     ("S4: SPT − tuned TFS", {("s4", "spt-tuned"): 1, ("s4", "tfs-tuned"): -1}),
     ("DLR: SPT − tuned TFS", {("dlr", "spt-tuned"): 1, ("dlr", "tfs-tuned"): -1}),
+    ("rotary: converged SPT − tuned TFS", {("transformer", "conv-rot"): 1, ("transformer", "tfs-tuned"): -1}),
+    ("rotary: SPT capped at 40 − at 15 epochs", {("transformer", "conv40-rot"): 1, ("transformer", "conv-rot"): -1}),
+    ("rotary: SPT capped at 40 epochs − TFS", {("transformer", "conv40-rot"): 1, ("transformer", "tfs-rot"): -1}),
 ]
 
 
@@ -283,8 +293,9 @@ def arm_of(config, finetune, choice):
 
 
 def study_cells(folder, runs):
-    """{(model, arm): {seed: run}} of the finished runs (summarize.read_run's dicts) of the study folder, each run with
-    its CPU model and, where there, attention.json."""
+    """{(model, arm): {seed: {CPU model: run}}} of the finished runs (summarize.read_run's dicts) of the study folder,
+    each run with its CPU model and, where there, attention.json. A Transformer whose pilot chose the control's
+    setting has its tfs-rot runs as its tfs-tuned ones (the same flags)."""
     finetune = json.loads((HERE / "control" / "pilot" / "choice.json").read_text())["finetune_epochs"]
     choice_file = folder / "pilot" / "choice.json"
     choice = ({m: (c["dropout"], c["schedule"]) for m, c in json.loads(choice_file.read_text())["choice"].items()}
@@ -295,30 +306,58 @@ def study_cells(folder, runs):
         key = arm_of(config, finetune, choice)
         if key:
             attention = folder / r["name"] / "attention.json"
-            cells.setdefault(key, {})[r["seed"]] = {
+            cells.setdefault(key, {}).setdefault(r["seed"], {})[cpu_of(config)] = {
                 **r, "cpu": cpu_of(config), "reused": (folder / r["name"] / "reused.json").is_file(),
                 "attention": json.loads(attention.read_text()) if attention.is_file() else None}
+    if (choice or {}).get("transformer") == ("0", "constant") and ("transformer", "tfs-rot") in cells:
+        cells[("transformer", "tfs-tuned")] = cells[("transformer", "tfs-rot")]
     return cells
 
 
-def contrast(cells, terms):
-    """Per seed Σ weight × test accuracy (points) where every term ran -> {seed: difference}."""
-    seeds = set.intersection(*(set(cells.get(t, {})) for t in terms))
-    return {s: sum(w * 100 * cells[t][s]["test"] for t, w in terms.items()) for s in sorted(seeds)}
+def pairing_cpu(cells, terms, seed, cpu=None):
+    """The CPU model whose runs make a seed's difference: one that holds every term (cpu: only that one); where
+    several do, the one that holds most of the seed's runs of the contrast's models (where its runs began), then
+    the first by name. None where no CPU model holds every term."""
+    held = set.intersection(*(set(cells.get(t, {}).get(seed, {})) for t in terms)) & ({cpu} if cpu else set(
+        c for t in terms for by_cpu in cells.get(t, {}).values() for c in by_cpu))
+    models = {m for m, _ in terms}
+    count = lambda c: sum(c in by_seed.get(seed, {}) for (m, _), by_seed in cells.items() if m in models)  # noqa
+    return min(held, key=lambda c: (-count(c), c)) if held else None
+
+
+def contrast(cells, terms, cpu=None):
+    """Per seed Σ weight × test accuracy (points), every term from one CPU model (pairing_cpu; cpu: only that one),
+    where every term ran -> {seed: (difference, CPU model)}."""
+    found = {}
+    for s in sorted(set.intersection(*(set(cells.get(t, {})) for t in terms))):
+        c = pairing_cpu(cells, terms, s, cpu)
+        if c:
+            found[s] = (sum(w * 100 * cells[t][s][c]["test"] for t, w in terms.items()), c)
+    return found
+
+
+def short_cpu(cpu):
+    return {"AMD EPYC": "AMD", "Intel(R) Xeon(R) Processor": "Intel"}.get(cpu, cpu.split("(")[0].split()[0])
+
+
+def cpus_text(pairs):
+    """'AMD × 3, Intel × 3' of a contrast's {seed: (difference, CPU model)}."""
+    cpus = [c for _, c in pairs.values()]
+    return ", ".join(f"{short_cpu(c)} × {cpus.count(c)}" for c in sorted(set(cpus))) or "–"
 
 
 def contrast_rows(cells, contrasts, stats, adjust):
     """Rows of the contrasts table: n, per seed, mean [95 % t interval], t, p (Holm-adjusted where adjust), the
     difference detectable at 80 % power from the observed spread, McNemar per seed (two-arm contrasts)."""
     found = [(name, terms, contrast(cells, terms)) for name, terms in contrasts]
-    tests = [stats.paired_test(list(d.values())) if len(d) > 1 and len(set(d.values())) > 1 else (None, None)
-             for _, _, d in found]
+    tests = [stats.paired_test([v for v, _ in d.values()]) if len(d) > 1 and len({v for v, _ in d.values()}) > 1
+             else (None, None) for _, _, d in found]
     ps = [p for _, p in tests]
     held = [i for i, p in enumerate(ps) if p is not None]
     holm = dict(zip(held, stats.holm([ps[i] for i in held]))) if adjust else {}
     rows = []
     for i, (name, terms, d) in enumerate(found):
-        values, (t, p) = list(d.values()), tests[i]
+        values, (t, p) = [v for v, _ in d.values()], tests[i]
         if len(values) > 1:
             mean, low, high = stats.interval(values)
             shown = f"{mean:+.1f} [{low:+.1f}, {high:+.1f}]"
@@ -328,18 +367,57 @@ def contrast_rows(cells, contrasts, stats, adjust):
         pairs = [t_ for t_, w in terms.items()]
         mcnemar = "–"
         if len(pairs) == 2 and pairs[0][0] == pairs[1][0] and d:
-            mcnemar = control_mcnemar(cells[pairs[0]], cells[pairs[1]], stats)
+            mcnemar = control_mcnemar(cells[pairs[0]], cells[pairs[1]], d, stats)
         p_text = "–" if p is None else f"{p:.3g}" + (f" (Holm {holm[i]:.3g})" if i in holm else "")
         rows.append(f"| {name} | {len(values)} | {' / '.join(f'{v:+.1f}' for v in values) or '–'} | {shown} | "
-                    f"{'–' if t is None else f'{t:.2f}'} | {p_text} | {detect} | {mcnemar} |")
+                    f"{'–' if t is None else f'{t:.2f}'} | {p_text} | {detect} | {mcnemar} | {cpus_text(d)} |")
     return rows
 
 
-def control_mcnemar(a, b, stats):
-    """Exact McNemar p per seed of two arms' test predictions, 'p1 / p2 / ...'."""
+def per_cpu_rows(cells, contrasts, stats):
+    """Rows of each contrast restricted to one CPU model, for the contrasts some of whose terms ran on two or more:
+    n, per seed, mean [95 % t interval] (descriptive)."""
+    rows = []
+    for name, terms in contrasts:
+        cpus = sorted({c for t in terms for by_cpu in cells.get(t, {}).values() for c in by_cpu})
+        if len(cpus) < 2:
+            continue
+        for cpu in cpus:
+            values = [v for v, _ in contrast(cells, terms, cpu).values()]
+            shown = ("–" if not values else f"{values[0]:+.1f}" if len(values) == 1 else
+                     "{:+.1f} [{:+.1f}, {:+.1f}]".format(*stats.interval(values)))
+            rows.append(f"| {name} | {cpu} | {len(values)} | {' / '.join(f'{v:+.1f}' for v in values) or '–'} | "
+                        f"{shown} |")
+    return rows
+
+
+def machine_rows(cells, stats):
+    """The machine effect: for each arm, the seeds that ran on two CPU models, test accuracy (points) of the second
+    by name − the first; mean [95 % t interval] where two or more."""
+    rows = []
+    for (model, arm), by_seed in sorted(cells.items()):
+        pairs = {}
+        for seed, by_cpu in sorted(by_seed.items()):
+            if len(by_cpu) >= 2:
+                a, b = sorted(by_cpu)[:2]
+                pairs[seed] = (a, b, 100 * (by_cpu[b]["test"] - by_cpu[a]["test"]))
+        if not pairs:
+            continue
+        values = [d for _, _, d in pairs.values()]
+        shown = (f"{values[0]:+.1f}" if len(values) == 1 else
+                 "{:+.1f} [{:+.1f}, {:+.1f}]".format(*stats.interval(values)))
+        a, b = next(iter(pairs.values()))[:2]
+        rows.append(f"| {model} {arm} | {short_cpu(b)} − {short_cpu(a)} | {len(values)} | "
+                    f"{', '.join(str(s) for s in pairs)} | {' / '.join(f'{v:+.1f}' for v in values)} | {shown} |")
+    return rows
+
+
+def control_mcnemar(a, b, pairs, stats):
+    """Exact McNemar p per seed of two arms' test predictions (each seed's runs of the CPU model in pairs),
+    'p1 / p2 / ...'."""
     ps = []
-    for seed in sorted(set(a) & set(b)):
-        pa, pb = a[seed]["predictions"], b[seed]["predictions"]
+    for seed, (_, cpu) in sorted(pairs.items()):
+        pa, pb = a[seed][cpu]["predictions"], b[seed][cpu]["predictions"]
         ok = pa and pb and pa["labels"] == pb["labels"] and pa["index_sha1"] == pb["index_sha1"]
         ps.append(f"{stats.mcnemar(pa['predictions'], pb['predictions'], pa['labels'])[2]:.2g}" if ok else "–")
     return " / ".join(ps)
@@ -350,7 +428,7 @@ def attention_rows(cells):
     and after fine-tuning (best.pt), against uniform attention's."""
     rows = []
     for (model, arm), by_seed in sorted(cells.items()):
-        found = [r["attention"] for r in by_seed.values() if r["attention"]]
+        found = [r["attention"] for by_cpu in by_seed.values() for r in by_cpu.values() if r["attention"]]
         for ck in ("spt.pt", "best.pt"):
             layers = [a["checkpoints"][ck]["layers"] for a in found if ck in a["checkpoints"]]
             if not layers:
@@ -367,27 +445,41 @@ def attention_rows(cells):
 def section(folder, runs, stats):
     """The study's part of summary.md: n per cell, the primary contrasts (Holm), the secondary ones, attention."""
     cells = study_cells(folder, runs)
-    lines = [f"## Why SPT gives our Transformer nothing (`{folder.name}/`, issue 31)", "",
+    lines = [f"## Why SPT gives our Transformer nothing (`{folder.name}/`)", "",
              "The plan and its four primary contrasts: `why_spt/README.md` (fixed before any run). Test accuracy %, "
-             "mean [95 % t interval over seeds]; n = seeds. Each contrast pairs the runs of a seed.", "",
+             "mean [95 % t interval over seeds]; n = seeds. Each contrast pairs the runs of a seed, all its terms "
+             "from one CPU model (where two hold them all, the one where most of the seed's runs ran).", "",
              "| model · arm | n | seeds | test acc % | best val acc % | SPT epochs (per seed) | CPU | reused |",
              "|---|---|---|---|---|---|---|---|"]
-    for (model, arm), by_seed in sorted(cells.items()):
-        rs = [by_seed[s] for s in sorted(by_seed)]
+    rows = [((model, arm), cpu, [by_seed[s][cpu] for s in sorted(by_seed) if cpu in by_seed[s]])
+            for (model, arm), by_seed in sorted(cells.items())
+            for cpu in sorted({c for by_cpu in by_seed.values() for c in by_cpu})]     # a row per arm and CPU model
+    for (model, arm), cpu, rs in rows:
         accs = [100 * r["test"] for r in rs]
         acc = (f"{stats.interval(accs)[0]:.1f} [{stats.interval(accs)[1]:.1f}, {stats.interval(accs)[2]:.1f}]"
                if len(accs) > 1 else f"{accs[0]:.1f}")
         epochs = " / ".join(str(r["spt_epochs_run"]) for r in rs) if rs[0]["spt_epochs_run"] else "–"
-        lines.append(f"| {model} {arm} | {len(rs)} | {', '.join(str(s) for s in sorted(by_seed))} | {acc} | "
-                     f"{statistics.fmean(100 * r['best_val'] for r in rs):.1f} | {epochs} | "
-                     f"{', '.join(sorted({r['cpu'] for r in rs}))} | {sum(r['reused'] for r in rs)} |")
+        lines.append(f"| {model} {arm} | {len(rs)} | {', '.join(str(r['seed']) for r in rs)} | {acc} | "
+                     f"{statistics.fmean(100 * r['best_val'] for r in rs):.1f} | {epochs} | {cpu} | "
+                     f"{sum(r['reused'] for r in rs)} |")
     header = ["| contrast | n | per seed (points) | mean [95 % interval] | t | p | detectable at 80 % power | "
-              "McNemar p per seed |", "|---|---|---|---|---|---|---|---|"]
+              "McNemar p per seed | CPU of the pairs |", "|---|---|---|---|---|---|---|---|---|"]
     lines += ["", "Primary contrasts (paired t, two-sided; Holm over the four, or over those with runs while some "
               "lack them):", ""] + header
     lines += contrast_rows(cells, PRIMARY, stats, adjust=True)
     lines += ["", "Secondary contrasts (descriptive, unadjusted):", ""] + header
     lines += contrast_rows(cells, SECONDARY, stats, adjust=False)
+    per_cpu = per_cpu_rows(cells, PRIMARY + SECONDARY, stats)
+    if per_cpu:
+        lines += ["", "Per CPU model (descriptive): the contrasts some of whose arms ran on two CPU models, each "
+                  "from one CPU model's runs only:", "", "| contrast | CPU | n | per seed (points) | mean [95 % "
+                  "interval] |", "|---|---|---|---|---|"] + per_cpu
+    machine = machine_rows(cells, stats)
+    if machine:
+        lines += ["", "The machine effect (secondary, descriptive): an arm's seeds that ran on two CPU models, the "
+                  "same train.py flags; test accuracy of one CPU model − the other's, points:", "",
+                  "| arm | CPU models | n | seeds | per seed (points) | mean [95 % interval] |",
+                  "|---|---|---|---|---|---|"] + machine
     attention = attention_rows(cells)
     if attention:
         n_layers = attention[0].count("uniform")
@@ -399,14 +491,19 @@ def section(folder, runs, stats):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Run (or continue) the why-SPT study (issue 31) on Text.")
-    p.add_argument("--cells", nargs="+", choices=["a", "b", "c"], default=["a", "b", "c"], help="in this order")
+    p = argparse.ArgumentParser(description="Run (or continue) the why-SPT study on Text.")
+    p.add_argument("--cells", nargs="+", choices=["a", "b", "c", "p"], default=["a", "b", "c", "p"],
+                   help="in this order (p: the plateau grid, in OUT/plateau)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5], help="study seeds")
-    p.add_argument("--ssm-models", nargs="+", choices=["s4", "dlr"], default=["s4", "dlr"], help="cell c's models")
+    p.add_argument("--arms", nargs="+", default=None, help="only these arms of cells a-c, run in this order "
+                   "(default: all); cell c's pilot and cell p run whole")
+    p.add_argument("--tuned-models", "--ssm-models", nargs="+", choices=["s4", "dlr", "transformer"],
+                   default=["s4", "dlr", "transformer"], help="cell c's models")
     p.add_argument("--finetune-epochs", type=int, default=None, help="F (default: the control's pilot choice)")
     p.add_argument("--jobs", type=int, default=2, help="training processes at a time, one thread each")
     p.add_argument("--nice", type=int, default=19, help="niceness of each run (19: the lowest priority)")
-    p.add_argument("--out", default=str(HERE / "why_spt"), help="the study folder (run folders inside, pilot/)")
+    p.add_argument("--out", default=str(HERE / "why_spt"), help="the study folder (run folders inside, pilot/, "
+                   "plateau/)")
     p.add_argument("--reuse-from", default=str(HERE / "control"), help="finished runs to reuse ('' : none)")
     p.add_argument("--setting", default=None, help="the flags every run shares, one string (default: the "
                    "control's; tests pass a miniature)")
@@ -421,32 +518,48 @@ def main(argv=None):
     args.out, args.setting = Path(args.out), shlex.split(args.setting) if args.setting else control.SETTING
     if args.finetune_epochs is None:
         args.finetune_epochs = json.loads((HERE / "control" / "pilot" / "choice.json").read_text())["finetune_epochs"]
+    known = {arm for cell in arms(args.finetune_epochs, {m: GRID[0] for m in ("transformer", "s4")}).values()
+             for by_arm in cell.values() for arm in by_arm}
+    if args.arms and set(args.arms) - known:
+        p.error(f"--arms {' '.join(sorted(set(args.arms) - known))}: no such arm (the arms: {', '.join(sorted(known))})")
     if not args.dry_run:
         args.out.mkdir(parents=True, exist_ok=True)
-    cpu, pilot = this_cpu(), args.out / "pilot"
+    cpu, pilot, plateau = this_cpu(), args.out / "pilot", args.out / "plateau"
     reuse = Path(args.reuse_from) if args.reuse_from else None
     print(f"why_spt: {cpu}; cells {' '.join(args.cells)}; seeds {args.seeds}; F = {args.finetune_epochs}")
-    jobs = [(f"{arm}-{model}-s{seed}", command(model, seed, flags, args)) for cell in args.cells if cell != "c"
-            for seed in args.seeds for model, by_arm in arms(args.finetune_epochs)[cell].items()
-            for arm, flags in by_arm.items()]
-    todo = plan(jobs, args.out, cpu, reuse, args.dry_run)
+
+    def cell_jobs(cell, choice=None):          # [(name, cmd)] of a cell's arms and seeds, in --arms order, then seed
+        found = [(arm, seed, model, flags) for model, by_arm in arms(args.finetune_epochs, choice)[cell].items()
+                 for arm, flags in by_arm.items() if not args.arms or arm in args.arms for seed in args.seeds]
+        order = lambda job: ((args.arms.index(job[0]) if args.arms else 0), job[1])          # noqa: E731
+        return [(f"{arm}-{model}-s{seed}", command(model, seed, flags, args))
+                for arm, seed, model, flags in sorted(found, key=order)]
+    todo = plan([job for cell in args.cells if cell in "ab" for job in cell_jobs(cell)], args.out, cpu, reuse,
+                args.dry_run)
+    if "p" in args.cells:                                  # the plateau grid, seed 100, in its own folder
+        grid = [(f"plateau-lr{lr}-w{w}", command("transformer", PILOT_SEED, plateau_flags(lr, w), argparse.Namespace(
+            **{**vars(args), "out": plateau}))) for lr in PLATEAU_LRS for w in PLATEAU_WARMUPS]
+        todo += plan(grid, plateau, cpu, None, args.dry_run, any_cpu=True)
     if "c" in args.cells:                                  # the pilot runs after cells a and b, in one pool
         pilot_args = argparse.Namespace(**{**vars(args), "out": pilot})
         grid = [(f"pilot-{model}-d{d}-{s}", command(model, PILOT_SEED, grid_flags(d, s) + [
-            "--epochs", str(args.finetune_epochs)], pilot_args)) for model in args.ssm_models for d, s in GRID]
-        todo += plan(grid, pilot, cpu, None, args.dry_run)
+            "--epochs", str(args.finetune_epochs)], pilot_args)) for model in args.tuned_models for d, s in GRID]
+        todo += plan(grid, pilot, cpu, None, args.dry_run, any_cpu=True)
     print(f"{len(todo)} runs to do ({sum(1 for t in todo if t[2])} to resume), {args.jobs} at a time", flush=True)
     codes = run_all(todo, args)
     if "c" in args.cells:
-        choice, missing = pilot_choice(pilot, args.ssm_models)
+        choice, missing = pilot_choice(pilot, args.tuned_models)
         if missing and not args.dry_run:
             print(f"cell c: the pilot lacks {len(missing)} finished runs; its seeds wait for them")
-        jobs = [(f"{arm}-{model}-s{seed}", command(model, seed, flags, args)) for seed in args.seeds
-                for model, by_arm in arms(args.finetune_epochs, choice)["c"].items() for arm, flags in by_arm.items()]
-        codes += run_all(plan(jobs, args.out, cpu, reuse, args.dry_run), args)
+        choice = {m: c for m, c in choice.items() if m in args.tuned_models}
+        if choice.get("transformer") == ("0", "constant"):
+            print("cell c: the Transformer's pilot chose the control's setting: its tfs-tuned is tfs-rot")
+            choice.pop("transformer")
+        codes += run_all(plan(cell_jobs("c", choice), args.out, cpu, reuse, args.dry_run), args)
     if not args.dry_run:
         finish(args.out, args.nice)
-        finish(pilot, args.nice)
+        finish(pilot, args.nice, keep=False)
+        finish(plateau, args.nice, keep=False)
         plot_cells(args.out, args.finetune_epochs)
     return 1 if any(codes) else 0
 

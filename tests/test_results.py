@@ -333,7 +333,7 @@ def why_folder(out, name, cmd, cpu, *files, best_val=None):
         (out / name / "results.json").write_text(json.dumps(dict(best_val_acc=best_val)))
 
 
-def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keeps_a_models_seed_on_one_machine(tmp_path):
+def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keys_a_run_by_its_flags_and_cpu_model(tmp_path):
     why = script("why_spt")
     args = type("Args", (), dict(setting=["--preset", "tiny"], data_dir="d", cache_dir="c", out=tmp_path / "why"))
     cmd = lambda seed, *flags: why.command("transformer", seed, list(flags), args)   # noqa: E731
@@ -341,24 +341,28 @@ def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keeps_a_models_see
     why_folder(out, "done-s0", cmd(0, "--epochs", "9"), "AMD EPYC", "results.json")             # finished
     why_folder(out, "cut-s0", cmd(0, "--spt", "--epochs", "9"), "AMD EPYC", "last.pt")          # resumable
     why_folder(out, "early-s0", cmd(0, "--pos", "none", "--epochs", "9"), "AMD EPYC")           # no evaluation yet
-    why_folder(out, "intel-s1", cmd(1, "--epochs", "9"), "Intel Xeon", "results.json")          # seed 1: elsewhere
+    why_folder(out, "intel-s1", cmd(1, "--epochs", "9"), "Intel Xeon", "results.json")          # finished elsewhere
     why_folder(control, "ctl-s2", cmd(2, "--epochs", "9"), "AMD EPYC", "results.json", "best.pt")  # reusable here
+    why_folder(control, "ctl-s2-later", cmd(2, "--epochs", "9"), "Intel Xeon", "results.json")  # same flags, Intel
     why_folder(control, "ctl-s3", cmd(3, "--epochs", "9"), "Intel Xeon", "results.json")        # other CPU: rerun
     jobs = [("done", cmd(0, "--epochs", "9")), ("cut", cmd(0, "--spt", "--epochs", "9")),
             ("early", cmd(0, "--pos", "none", "--epochs", "9")), ("s1", cmd(1, "--spt", "--epochs", "9")),
-            ("s2", cmd(2, "--epochs", "9")), ("s3", cmd(3, "--epochs", "9")),
-            ("s4-s1", why.command("s4", 1, ["--epochs", "9"], args))]              # another model's seed 1: here
+            ("s1-intel", cmd(1, "--epochs", "9")), ("s2", cmd(2, "--epochs", "9")), ("s3", cmd(3, "--epochs", "9")),
+            ("s4-s1", why.command("s4", 1, ["--epochs", "9"], args))]
     said = []
     dry = why.plan(jobs, out, "AMD EPYC", control, dry=True, log=said.append)
     assert (out / "early-s0").is_dir() and not (out / "ctl-s2").exists(), "a dry run changed the disk"
     todo = why.plan(jobs, out, "AMD EPYC", control, log=said.append)
-    assert [(n, f.name if f else None) for n, _, f in todo] == [("cut", "cut-s0"), ("early", None), ("s3", None),
-                                                             ("s4-s1", None)]
+    # a seed whose other runs ran on an Intel Xeon runs here too, and so does a flag set finished only there
+    assert [(n, f.name if f else None) for n, _, f in todo] == [("cut", "cut-s0"), ("early", None), ("s1", None),
+                                                             ("s1-intel", None), ("s3", None), ("s4-s1", None)]
     assert [n for n, _, _ in dry] == [n for n, _, _ in todo]
     assert not (out / "early-s0").exists(), "a run stopped before its first evaluation is started again"
     assert json.loads((out / "ctl-s2" / "reused.json").read_text())["reused_from"].endswith("ctl-s2")
     assert not (out / "ctl-s2" / "best.pt").exists(), "a reused run brings no checkpoint"
-    assert any(s.startswith("s1: left: transformer seed 1's runs ran on Intel Xeon, this machine is AMD EPYC") for s in said)
+    assert not (out / "ctl-s2-later").exists(), "the reused run is this CPU model's, not the later folder"
+    # the pilot's and the plateau's runs pair with nothing: a finished one counts on any CPU model
+    assert why.plan([("s1-intel", cmd(1, "--epochs", "9"))], out, "AMD EPYC", None, any_cpu=True) == []
 
 
 def test_the_why_spt_pilot_chooses_the_best_validation_accuracy_per_model(tmp_path):
@@ -381,7 +385,7 @@ def test_the_why_spt_driver_runs_a_miniature_cell_b_keeping_the_transformers_che
     generate_listops(tmp_path, 200, 40, 40, min_length=30, max_length=200)
     setting = ["--preset", "tiny", "--task", "listops", "--d-model", "16", "--n-layers", "1", "--batch-size", "16",
                "--max-train", "16", "--max-eval", "8", "--lr", "5e-3", "--pretrain-lr", "3e-2", "--device", "cpu"]
-    argv = ["--cells", "b", "--seeds", "0", "--finetune-epochs", "1", "--setting", " ".join(setting), "--data-dir",
+    argv = ["--cells", "b", "--arms", "conv-rot", "conv-sin", "--seeds", "0", "--finetune-epochs", "1", "--setting", " ".join(setting), "--data-dir",
             str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "why"), "--reuse-from", "",
             "--console", str(tmp_path / "console"), "--nice", "0"]
     assert why.main(argv) == 0
@@ -422,6 +426,44 @@ def test_the_why_spt_tables_pair_arms_by_seed_and_adjust_the_primary_contrasts(t
     stats = script("stats")
     p1, p2 = stats.paired_test([4.0, 5.0, 3.0])[1], stats.paired_test([4.0, 4.0, 3.0])[1]
     assert c1[4] == f"{p1:.3g} (Holm {stats.holm([p1, p2])[0]:.3g})", c1  # Holm over the two that ran
+
+
+def test_every_why_spt_contrast_takes_a_seeds_terms_from_one_cpu_model(tmp_path):
+    """tfs-rot ran on two CPU models (seeds 0-2 on both); conv-rot on the AMD for seeds 0 and 1, on the Intel for
+    seed 2; spt-rot on the AMD only. Each seed's difference takes its terms from one CPU model: C3 pairs seed 2's
+    Intel conv-rot with the Intel tfs-rot, never with the AMD one; where both hold every term, the seed's home (the
+    CPU model with most of its runs) wins; the machine effect is tfs-rot's Intel − AMD per seed."""
+    why, study = script("why_spt"), tmp_path / "why_spt"
+    args = type("Args", (), dict(setting=["--preset", "tiny"], data_dir="d", cache_dir="c", out=study))
+    runs = {("tfs-rot", "AMD EPYC"): [0.60, 0.61, 0.62], ("tfs-rot", "Intel Xeon"): [0.50, 0.52, 0.54],
+            ("conv-rot", "AMD EPYC"): [0.64, 0.66, None], ("conv-rot", "Intel Xeon"): [None, None, 0.59],
+            ("spt-rot", "AMD EPYC"): [0.63, 0.63, 0.63]}
+    for (arm, cpu), by_seed in runs.items():
+        for seed, acc in enumerate(by_seed):
+            if acc is None:
+                continue
+            name = f"text-transformer-{arm}-{cpu.split()[0]}-s{seed}-x"
+            fake_run(study, name, acc, seed, "masked" if arm != "tfs-rot" else None, 12)
+            config = json.loads((study / name / "config.json").read_text())
+            flags = {**why.arms(9)["a"]["transformer"], **why.arms(9)["b"]["transformer"]}[arm]
+            config.update(command=why.command("transformer", seed, flags, args), machine=dict(cpu=cpu))
+            (study / name / "config.json").write_text(json.dumps(config))
+    cells = why.study_cells(study, [r for r in map(script("summarize").read_run, sorted(study.iterdir())) if r])
+    c3 = dict(why.PRIMARY)["C3 rotary: converged SPT − TFS"]
+    assert {s: (round(d, 6), c) for s, (d, c) in why.contrast(cells, c3).items()} == {
+        0: (4.0, "AMD EPYC"), 1: (5.0, "AMD EPYC"), 2: (5.0, "Intel Xeon")}
+    rotary = dict(why.SECONDARY)["rotary: SPT − TFS (the control's arms)"]
+    assert {s: c for s, (_, c) in why.contrast(cells, rotary).items()} == dict.fromkeys((0, 1, 2), "AMD EPYC")
+    assert set(why.contrast(cells, c3, "Intel Xeon")) == {2}, "per CPU model: only that model's pairs"
+    script("summarize").main(["--runs", str(study), "--out", str(tmp_path / "out")])
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    row = rows_of(summary, "C3 rotary: converged SPT − TFS")[0]
+    assert row[:3] == ["3", "+4.0 / +5.0 / +5.0", "+4.7 [+3.2, +6.1]"] and row[-1] == "AMD × 2, Intel × 1", row
+    per_cpu = {r[0]: r[1:] for r in rows_of(summary, "C3 rotary: converged SPT − TFS")[1:]}
+    assert per_cpu == {"AMD EPYC": ["2", "+4.0 / +5.0", "+4.5 [-1.9, +10.9]"], "Intel Xeon": ["1", "+5.0", "+5.0"]}
+    machine = rows_of(summary, "transformer tfs-rot")
+    assert ["Intel − AMD", "3", "0, 1, 2", "-10.0 / -9.0 / -8.0", "-9.0 [-11.5, -6.5]"] in machine, machine
+    assert [r[5] for r in machine if len(r) == 7] == ["AMD EPYC", "Intel Xeon"], "a row per arm and CPU model"
 
 
 def test_the_unigram_loss_of_two_equally_frequent_tokens_is_ln_2_and_smoothing_keeps_unseen_ones_finite():
