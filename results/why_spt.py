@@ -375,19 +375,18 @@ def contrast_rows(cells, contrasts, stats, adjust):
 
 
 def per_cpu_rows(cells, contrasts, stats):
-    """Rows of each contrast restricted to one CPU model, for the contrasts some of whose terms ran on two or more:
-    n, per seed, mean [95 % t interval] (descriptive)."""
+    """Rows of each contrast restricted to one CPU model, for the contrasts that two or more CPU models can pair
+    (each holds every term of some seed): n, per seed, mean [95 % t interval] (descriptive)."""
     rows = []
     for name, terms in contrasts:
         cpus = sorted({c for t in terms for by_cpu in cells.get(t, {}).values() for c in by_cpu})
-        if len(cpus) < 2:
+        found = {cpu: [v for v, _ in contrast(cells, terms, cpu).values()] for cpu in cpus}
+        if sum(bool(values) for values in found.values()) < 2:
             continue
-        for cpu in cpus:
-            values = [v for v, _ in contrast(cells, terms, cpu).values()]
-            shown = ("–" if not values else f"{values[0]:+.1f}" if len(values) == 1 else
+        for cpu, values in ((cpu, values) for cpu, values in found.items() if values):
+            shown = (f"{values[0]:+.1f}" if len(values) == 1 else
                      "{:+.1f} [{:+.1f}, {:+.1f}]".format(*stats.interval(values)))
-            rows.append(f"| {name} | {cpu} | {len(values)} | {' / '.join(f'{v:+.1f}' for v in values) or '–'} | "
-                        f"{shown} |")
+            rows.append(f"| {name} | {cpu} | {len(values)} | {' / '.join(f'{v:+.1f}' for v in values)} | {shown} |")
     return rows
 
 
