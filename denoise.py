@@ -18,7 +18,7 @@ Check: tests/test_denoise.py (masking rate, span lengths, pads never masked, cau
 exactly once, RTD labels and gradient paths, the folded discriminator backbone).
 The objectives see tensors only: token ids (B, L) long, or pixel values (B, L) float, already
 normalised; targets are class ids (long: cross-entropy) or values (float: L1). Which task is which
-is heads.py's business; so are the heads.
+is models.py's business; so are the heads.
 """
 import math
 from typing import NamedTuple
@@ -240,7 +240,7 @@ def batch_loss(model, b, rows=slice(None), scale=1.0, predictions=None):
     (a dict of device tensors). Classifier: logits (b, C); Denoiser: predictions at every position
     (b, L, V), no boolean indexing (it would read the mask's size back from the device). (An
     objective with a model of its own has its own loss: rtd_batch_loss.) The one loss of training,
-    evaluation and the memory estimate (tools/memory.py). predictions: a list that gets the rows'
+    evaluation and the memory estimate (lab/memory.py). predictions: a list that gets the rows'
     predicted classes (b,) long (the test keeps them, for paired tests of two runs)."""
     lengths = None if b.lengths is None else b.lengths[rows]
     pred = model(b.x[rows], lengths)                                     # (b, C) or (b, L, V)

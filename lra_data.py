@@ -30,7 +30,7 @@ from lra import cache as lra_cache
 from lra import check as lra_check
 from lra import sources
 from lra.cache import cache_root
-from lra.files import EOS, MASK, N_SPECIAL, PAD, DataError, plural  # noqa: F401  (MASK: heads.py's)
+from lra.files import EOS, MASK, N_SPECIAL, PAD, DataError, plural  # noqa: F401  (MASK: the models' inputs)
 from lra.listops import LISTOPS_SYMBOLS
 from lra.pathfinder import DIFFICULTIES, measure_speed
 from tools.checked import open_lock
@@ -125,6 +125,17 @@ def bucket_length(L):
     outputs (tests/test_ssm.py, test_transformer.py)."""
     p = 1 << (L - 1).bit_length()  # the power of two ≥ L
     return 3 * p // 4 if p >= 4 and 3 * p // 4 >= L else p
+
+
+def clean_input(x, task):
+    """(input, target) of a raw batch: token ids stay ids; pixels become normalised values (paper
+    App. C), and the denoising target is the grey level 0..255 as a class (Pathfinder/PathX) or the
+    normalised value (Image, L1). x: (B, L) long ids or uint8 pixels -> ((B, L) long or float,
+    (B, L) long or float)."""
+    if TASKS[task].kind == "tokens":
+        return x, x
+    value = normalize(x, task).float()                          # (B, L)
+    return value, (value if task == "image" else x.long())
 
 
 def collate(batch):
@@ -339,7 +350,7 @@ def _cut_count(store, part, index, max_len, pair):
 
 
 def main(argv=None):
-    import runs                                    # the command line's plumbing only
+    from lab import runs                                    # the command line's plumbing only
     from tools import checked
     p = argparse.ArgumentParser(description="Read (or generate) one LRA task and cache it; prints "
                                             "source, sizes, label balance and notes on what was "

@@ -22,10 +22,39 @@ from typing import Callable, NamedTuple
 
 import torch
 
+import torch.nn as nn
+
 import denoise
-import heads
 import lra_data
-from presets import at_least, in_range
+from tools.checked import at_least, in_range
+
+
+class Denoiser(nn.Module):
+    """backbone -> per-position denoising head D -> V (ids), 256 (grey levels) or 1 (Image values),
+    at every position (the loss weights pick the masked ones: gathering them first would read the
+    mask's size back from the device). forward(x_in, lengths) -> predictions (B, L, V)."""
+
+    def __init__(self, backbone, d_model, n_out):
+        super().__init__()
+        self.backbone = backbone
+        self.denoise_head = nn.Linear(d_model, n_out)
+
+    def forward(self, x, lengths=None):
+        return self.denoise_head(self.backbone(x, lengths))             # (B, L, D) -> (B, L, V)
+
+
+def n_outputs(task):
+    """Width of the denoising head: V token ids, 256 grey levels (Pathfinder/PathX), or 1 normalised
+    value (Image)."""
+    spec = lra_data.TASKS[task]
+    return spec.vocab_size if spec.kind == "tokens" else (1 if task == "image" else 256)
+
+
+def n_outputs(task):
+    """Width of the denoising head: V token ids, 256 grey levels (Pathfinder/PathX), or 1 normalised
+    value (Image)."""
+    spec = lra_data.TASKS[task]
+    return spec.vocab_size if spec.kind == "tokens" else (1 if task == "image" else 256)
 
 
 class Flag(NamedTuple):
@@ -46,8 +75,8 @@ class Run(NamedTuple):
 
 
 def denoiser(backbone, run):
-    """The default SPT model: the backbone + a per-position denoising head (heads.Denoiser)."""
-    return heads.Denoiser(backbone, run.config().d_model, heads.n_outputs(run.task))
+    """The default SPT model: the backbone + a per-position denoising head (Denoiser)."""
+    return Denoiser(backbone, run.config().d_model, n_outputs(run.task))
 
 
 def no_reason(run):
@@ -89,7 +118,7 @@ def rtd_model(backbone, run, gen_width, gen_layers, gdes):
     generator = run.build(run.config(d_model=gen_width, n_layers=gen_layers))
     tokens = lra_data.TASKS[run.task].kind == "tokens"
     grey = torch.arange(256, dtype=torch.uint8)[None]                     # (1, 256) raw levels
-    levels = None if tokens else heads.clean_input(grey, run.task)[0][0]  # (256,) as read
+    levels = None if tokens else lra_data.clean_input(grey, run.task)[0][0]  # (256,) as read
     exclude = (lra_data.PAD, lra_data.MASK) if tokens else ()
     return denoise.ReplacedTokenDetection(backbone, generator, run.config().d_model, gen_width,
                                           gdes, levels, exclude_ids=exclude)

@@ -92,7 +92,7 @@ def check_lengths(lengths, batch_size):
 
 # --------------------------------------------------------------------------- exact float32 matmuls
 
-# True: the kernels' matmuls follow the process's TF32 setting, as plain `@` does; only bench.py and
+# True: the kernels' matmuls follow the process's TF32 setting, as plain `@` does; only tools/bench.py and
 # the GPU check set it, to measure what the guard costs and what it prevents
 TF32_IN_KERNELS = False
 
@@ -164,7 +164,7 @@ class Matmul(torch.autograd.Function):
     kernels (L = 16,384, Δ ≈ 1e-4) up to 117 % off, while float32 stays within 1e-3 of float64
     (tests/test_ssm.py emulates TF32 on the CPU). A context manager around the forward alone would
     not do: autograd runs the backward matmuls later, under the process's setting. TF32 off costs
-    only these matmuls' tensor-core speed-up (bench.py, "kernel precision"); float64 would cost 1/32
+    only these matmuls' tensor-core speed-up (tools/bench.py, "kernel precision"); float64 would cost 1/32
     of the speed on GPUs with weak float64 (T4, RTX). a: (..., m, k), b: (..., k, n), the same batch
     shape -> (..., m, n). Use as matmul(a, b)."""
 
@@ -427,7 +427,7 @@ class SSMLayer(nn.Module):
 
 class SSMBackbone(nn.Module):
     """encoder → n_layers × SSMLayer(Kernel(cfg)) → final norm: the backbone of S4, S4D (s4.S4) and
-    DLR (dlr.DLR), with no head (heads.py holds the heads). forward(inputs, lengths=None) ->
+    DLR (dlr.DLR), with no head (models.py holds the heads). forward(inputs, lengths=None) ->
     (B, L, H) features, float32 at least: the residual stream stays in float32 between blocks under
     autocast too (the pixel encoder's Linear would give bf16 there, the token Embedding float32: one
     dtype for every task). inputs: (B, L) long tokens when cfg.vocab_size is set, else

@@ -30,18 +30,15 @@ import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import denoise  # noqa: E402
-import heads  # noqa: E402
 import lra_data  # noqa: E402
 import models  # noqa: E402
 import objectives  # noqa: E402
-import presets  # noqa: E402
-import runs  # noqa: E402
-import steps  # noqa: E402
+from lab import curves, hardware, loggers, memory, presets, provenance, runs, steps  # noqa: E402
+from lab.runs import fail, log  # noqa: E402
 from models import MODELS, build_model, load_model  # noqa: E402, F401  (load_model: public)
 from objectives import OBJECTIVES  # noqa: E402
-from presets import at_least, in_range  # noqa: E402
-from runs import fail, log  # noqa: E402
-from tools import checked, curves, hardware, loggers, memory, provenance  # noqa: E402
+from tools import checked  # noqa: E402
+from tools.checked import at_least, in_range  # noqa: E402
 
 
 # ---- every flag, once ------------------------------------------------------------------------
@@ -108,7 +105,7 @@ def parse_flags(argv):
     flag("--out", default="runs", help="parent folder of the run folder")
     flag("--init-from", default=None, help="fine-tune this checkpoint's backbone (an spt.pt)")
     flag("--resume", default=None, help="continue the stopped run in this folder")
-    flag("--no-curves", action="store_true", help="no curves.png at the end (tools/curves.py)")
+    flag("--no-curves", action="store_true", help="no curves.png at the end (lab/curves.py)")
     flag("--log-to", type=loggers.log_to, default=None, help="also log to tensorboard or wandb (optional)")
     p.error = lambda message: fail(f"{presets.flag_message(message)} (python train.py --help lists "
                                    f"the flags)")
@@ -231,7 +228,7 @@ def load_pretrained(classifier, run, init_ck=None):
     path = run.folder / "spt.pt" if run.args.spt else Path(run.args.init_from)
     ck = init_ck or runs.read_checkpoint(path, run.device)
     try:
-        _, new = heads.load_backbone(classifier, objectives.backbone_state(ck))
+        _, new = models.load_backbone(classifier, objectives.backbone_state(ck))
     except RuntimeError as e:
         fail(f"loading the backbone of {path}: {str(e).splitlines()[0]}")
     dropped = sorted(k for k in ck["model"] if not k.startswith("backbone."))   # heads, generator
@@ -363,7 +360,7 @@ def build(args, cfg, device, resume):
     if args.init_from and not resume:
         try:
             init_ck = runs.read_checkpoint(args.init_from, device)
-            heads.check_init_checkpoint(init_ck, args.model, args.task, meta["config"])
+            models.check_init_checkpoint(init_ck, args.model, args.task, meta["config"])
         except ValueError as e:
             fail(f"--init-from {args.init_from}: {e}")
     return meta, classifier, init_ck

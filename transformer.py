@@ -298,7 +298,7 @@ class Transformer(nn.Module):
     """Backbone: encoder -> (+ absolute position code) -> dropout -> n_layers × TransformerLayer
     -> final LayerNorm.
 
-    forward(inputs, lengths=None) -> (B, L, D) float features (no head; heads.py holds the heads).
+    forward(inputs, lengths=None) -> (B, L, D) float features (no head; models.py holds the heads).
     inputs: (B, L) long tokens when cfg.vocab_size is set, else (B, L, d_input) float. lengths:
     (B,) long; None means no padding: steps.collate passes None for a batch without pads (it
     knows that on the host; finding it out here would make the host wait for the device), and then

@@ -1,7 +1,7 @@
-"""tools/curves.py: the curves of train.py runs from their log.jsonl: train and val loss and accuracy (R² on Image)
+"""lab/curves.py: the curves of train.py runs from their log.jsonl: train and val loss and accuracy (R² on Image)
 over optimiser steps, SPT and fine-tuning side by side, several runs overlaid.
-    python tools/curves.py runs/<run folder>                 # -> runs/<run folder>/curves.png
-    python tools/curves.py runs/A runs/B --out cmp.png       # A and B overlaid in one figure
+    python lab/curves.py runs/<run folder>                 # -> runs/<run folder>/curves.png
+    python lab/curves.py runs/A runs/B --out cmp.png       # A and B overlaid in one figure
 train.py draws curves.png at the end of every run when matplotlib is installed (--no-curves: not), and says in one
 line when it is not. matplotlib is optional (pip install matplotlib). Check: tests/test_curves.py (the figure's
 lines hold log.jsonl's values).
@@ -82,12 +82,12 @@ def after_run(folder, log):
     plt = pyplot()
     if plt is None:
         log("note: no curves.png: matplotlib is not installed (pip install matplotlib; then python "
-            f"tools/curves.py {folder})")
+            f"lab/curves.py {folder})")
         return
     try:
         draw([folder], Path(folder) / "curves.png", plt)
     except (KeyboardInterrupt, Exception) as e:        # the run is saved already: a figure is no reason
-        log(f"note: no curves.png ({type(e).__name__}: {e}); python tools/curves.py {folder} draws it")
+        log(f"note: no curves.png ({type(e).__name__}: {e}); python lab/curves.py {folder} draws it")
         return
     log(f"curves: {Path(folder) / 'curves.png'}")
 

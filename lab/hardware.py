@@ -1,7 +1,7 @@
-"""tools/hardware.py: where a run computes, settled once before anything runs: --device (checked
+"""lab/hardware.py: where a run computes, settled once before anything runs: --device (checked
 against what PyTorch sees), --deterministic, --workers, torchrun's process group (DDP), and
 --compile (bounded graphs, counted, no silent fallback to eager). What a step does on the device
-(precision, DDP rows, the guard) is steps.py's.
+(precision, DDP rows, the guard) is lab/steps.py's.
 Check: tests/test_robustness.py (devices, DDP start-up, compile bounds), tools/gpu_check.py.
 """
 import os
@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 import lra_data
-from runs import fail
-from steps import precision
+from lab.runs import fail
+from lab.steps import precision
 
 
 # ---- --device, --deterministic, --workers, DDP -------------------------------------------------
@@ -59,7 +59,7 @@ def setup_device(args):
 
 def check_device(text):
     """A --device value (cpu, cuda, cuda:1, ...) -> torch.device, checked against the devices
-    PyTorch sees (train.py and bench.py). Raises ValueError with what to pass instead."""
+    PyTorch sees (train.py and tools/bench.py). Raises ValueError with what to pass instead."""
     try:
         device = torch.device(text)
     except RuntimeError:

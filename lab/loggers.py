@@ -1,4 +1,4 @@
-"""tools/loggers.py: a run's records mirrored to TensorBoard or Weights & Biases (train.py --log-to), optional.
+"""lab/loggers.py: a run's records mirrored to TensorBoard or Weights & Biases (train.py --log-to), optional.
 what:   every record of the run folder's log.jsonl (each evaluation, the test, the wall times) and config.json,
         nothing else: log.jsonl stays the run's one record, the loggers are views of it
 how:    after each record runs.log writes, the records not sent yet are read back from log.jsonl and sent; the count
@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-import runs
+from lab import runs
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}   # --log-to value -> the package it needs
 PROJECT = "never-train-from-scratch"                           # wandb's project, unless WANDB_PROJECT says

@@ -4,7 +4,7 @@ counts the bytes of every live storage, as an allocator would:
     peak = 4 × parameter bytes (weights, gradients, AdamW's two moments) + the most bytes live at once in one step's
            forward and backward (activations autograd saves, temporaries)
 Check: the estimate equals a real CPU step's growth of the resident set within a few % (tests/test_memory.py; the
-table and the check: `python bench.py --memory`, results/memory.md); what it leaves out on a GPU:
+table and the check: `python tools/bench.py --memory`, results/memory.md); what it leaves out on a GPU:
 results/bench_notes.md. plan_phase splits a phase's batch into micro-batches that fit the card in hand (plan_memory).
 """
 import ctypes
@@ -22,11 +22,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import denoise
-import heads
 import lra_data
 import models
 import objectives
-from tools import hardware
+from lab import hardware
+from lab import presets
 
 PRECISIONS, PHASES = ["fp32", "bf16"], ["finetune", "spt"]
 GPU_GIB, HEADROOM = 80, 0.9   # fits = estimate ≤ 90 % of an 80 GB card (80 GiB); the 10 % are for what the estimate
@@ -130,7 +130,7 @@ def training_case(model_name, task, values, phase, B, L):
     cross-entropy (finetune), or denoising head at every position + its loss on the masked ones (spt). Token tasks
     take the padded path (lengths given, all real: the larger case), pixel tasks are never padded (lengths None).
     Retrieval: two documents per example, so 2·B sequences."""
-    spec, cfg, n_out = lra_data.TASKS[task], models.model_config(model_name, task, values), heads.n_outputs(task)
+    spec, cfg, n_out = lra_data.TASKS[task], presets.config_for(model_name, task, values), objectives.n_outputs(task)
     default = next(iter(objectives.OBJECTIVES))                  # --objective's default, the paper's
     flags = {k: f.default for k, f in objectives.OBJECTIVES[default].flags.items()}
     head = (objectives.spt_head(default, flags) if phase == "spt" else
@@ -171,7 +171,7 @@ def paper_memory(model_name, task, phase, precision, accum_steps=None):
     scratch (TFS) or after SPT, whose batch sizes may differ: the run with the larger micro-batch counts."""
     runs = []
     for spt in [True] if phase == "spt" else [False, True]:
-        v = models.preset_values("paper", model_name, task, spt)
+        v = presets.values_for("paper", model_name, task, spt)
         batch, accum = ((v["pretrain_batch_size"], v["pretrain_accum_steps"]) if phase == "spt" else
                         (v["batch_size"], v["accum_steps"]))
         runs.append((-(-batch // (accum_steps or accum)), batch, accum_steps or accum, v))
@@ -194,7 +194,7 @@ def accum_to_fit(model_name, task, phase, precision="bf16"):
 def memory_table():
     """Every --preset paper model × task × phase in both precisions, with the accum_steps that fit in bf16."""
     rows = []
-    paper = [m for m, entry in models.MODELS.items() if entry.paper]       # a model without paper values: no row
+    paper = [m for m, entry in models.MODELS.items() if presets.paper_of(m, entry)]       # a model without paper values: no row
     for model_name, task, phase in [(m, t, p) for m in paper for t in lra_data.TASKS for p in PHASES]:
         est = {precision: paper_memory(model_name, task, phase, precision) for precision in PRECISIONS}
         keep = ("n_params", "L", "batch", "accum_steps", "micro_batch")
@@ -276,7 +276,7 @@ def plan_phase(phase, batch, budget, accum_steps=None):
 
 def check_values(model_name, task, phase):
     """The tiny preset's settings at CHECK_SIZE (DLR N = 256; S4 keeps its N = 64) for a check's small model."""
-    return {**models.preset_values("tiny", model_name, task, phase == "spt"), **CHECK_SIZE,
+    return {**presets.values_for("tiny", model_name, task, phase == "spt"), **CHECK_SIZE,
             **({} if model_name == "s4" else dict(d_state=256))}
 
 
@@ -306,7 +306,7 @@ def measure_memory(cases):
     """memory_growth(cases) in a fresh process with one thread, where large allocations each get their own mmap
     (MALLOC_MMAP_THRESHOLD_): freed memory leaves the resident set at once, so its peak is the peak of live memory."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
-    code = "from tools import memory; import json, sys; print(json.dumps(memory.memory_growth(json.load(sys.stdin))))"
+    code = "from lab import memory; import json, sys; print(json.dumps(memory.memory_growth(json.load(sys.stdin))))"
     out = subprocess.run([sys.executable, "-c", code], input=json.dumps(cases), env=env, capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1])
     if out.returncode:
@@ -330,7 +330,7 @@ def table(header, rows):
 
 
 def memory_lines(res):
-    """The markdown of `python bench.py --memory`: res["memory"] (memory_table) and res["check"] (memory_check)."""
+    """The markdown of `python tools/bench.py --memory`: res["memory"] (memory_table) and res["check"] (memory_check)."""
     yes = lambda ok: "yes" if ok else "NO"  # noqa: E731
     lines = ["Peak memory of one --preset paper training step at the task's full length, estimated: 4 × parameter "
              "bytes (weights, gradients, AdamW) + the most bytes live at once in forward + backward, counted on fake "
@@ -357,7 +357,7 @@ def memory_lines(res):
 def plan_memory(args, meta, device, world):
     """Each phase's micro-batches -> (start-up lines, config.json record). An accum_steps left None
     (--preset paper without --accum-steps) is planned: on CUDA the smallest count that divides this
-    process's rows and whose micro-batch's estimated peak (tools/memory.py, at the length batches
+    process's rows and whose micro-batch's estimated peak (lab/memory.py, at the length batches
     pad to) fits HEADROOM of the card (torch.cuda.mem_get_info, never more than is free); on a CPU
     1. A given count is kept and estimated on CUDA. Every line says micro-batch, accumulation
     steps and estimated peak; an estimate over the card is a note, not an error (it is an

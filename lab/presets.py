@@ -1,4 +1,4 @@
-"""presets.py: every setting a `--preset` decides, and where each number comes from.
+"""lab/presets.py: every setting a `--preset` decides, and where each number comes from.
 paper: model sizes and learning rates of Amos, Berant & Gupta (ICLR 2024): Table 2 (Transformer
        sizes), Table 4 (Transformer fine-tuning / SPT learning rates), Table 5 (per-phase learning
        rates and batch sizes of S4 and DLR with SPT, and of DLR from scratch) and App. C.1.2
@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 import lra_data
+import models
 from tools.checked import at_least, flag_message, in_range, number, seed  # noqa: F401  (the flags)
 
 # ---- paper: model sizes --------------------------------------------------------------------------
@@ -90,7 +91,7 @@ SPT_EPOCHS = {("s4", "listops"): 100}
 PAPER_GENERATE = {"listops": 100_000, "pathfinder": 200_000, "pathx": 200_000,  # LRA's sizes
                   "pathx256": 200_000}
 # accum_steps: the paper's batch in one step here; on a GPU train.py splits a phase's batch into
-# micro-batches that fit the card in hand (tools/memory.py: plan_memory, from its estimate)
+# micro-batches that fit the card in hand (lab/memory.py: plan_memory, from its estimate)
 
 
 def ssm_row(model, task, spt, s4_batch):
@@ -114,7 +115,7 @@ def ssm_row(model, task, spt, s4_batch):
 
 def per_phase_accum(values, model, task):
     """accum_steps and pretrain_accum_steps: 1 (the whole batch); the card in hand decides at start-up
-    (tools/memory.py: plan_memory)."""
+    (lab/memory.py: plan_memory)."""
     values.update(accum_steps=1, pretrain_accum_steps=1)
     return values
 
@@ -170,6 +171,18 @@ def s4_paper(task, spt):
 def dlr_paper(task, spt):
     """(values, sources) of `--preset paper` for DLR (S4's where the paper gives no DLR number)."""
     return ssm_paper("dlr", task, spt)
+
+
+# the paper's values of each model it ran, by --model name; a fork's model may bring its own (its MODELS entry's
+# `paper`, e.g. borrowed), else --preset paper refuses it
+PAPER = {"transformer": transformer_paper, "s4": s4_paper, "dlr": dlr_paper}
+
+
+def paper_of(name, entry):
+    """(task, spt) -> (values, sources) of --preset paper for model `name` (entry: its models.MODELS entry): the
+    entry's own `paper` where it has one (a fork's, e.g. borrowed), else PAPER's; None for a model the paper never
+    ran."""
+    return entry.paper if entry.paper is not None else PAPER.get(name)
 
 
 def borrow(paper, name):
@@ -275,11 +288,21 @@ def preset_values(preset, name, entry, task, spt):
     paper of a model without paper values."""
     if preset != "paper":
         return cpu_values(preset, name, task)
-    if entry.paper is None:
+    if paper_of(name, entry) is None:
         raise ValueError(f"--preset paper: the paper has no values for {name} (its MODELS entry "
                          f"says paper=None); use --preset tiny or small, or borrow another "
                          f"model's: paper=presets.borrow(presets.dlr_paper, \"dlr\")")
-    return entry.paper(task, spt)[0]
+    return paper_of(name, entry)(task, spt)[0]
+
+
+def values_for(preset, model, task, spt):
+    """Every setting `preset` decides for `model` (a models.MODELS name) on `task`, with or without SPT."""
+    return preset_values(preset, model, models.MODELS[model], task, spt)
+
+
+def config_for(model, task, values, causal=False):
+    """The backbone config of `model` (a models.MODELS name) for `task` from preset values and flags."""
+    return model_config(models.MODELS[model].Config, task, values, causal)
 
 
 def apply(args, entry):
@@ -291,8 +314,9 @@ def apply(args, entry):
     args.preset = args.preset or ("paper" if torch.cuda.is_available() else "tiny")
     fields = {f.name for f in dataclasses.fields(entry.Config)}
     config_kw, notes = {}, []
-    if (args.preset == "paper" and entry.paper
-            and "borrowed from" in str(entry.paper(args.task, args.spt)[1])):
+    paper = paper_of(args.model, entry)
+    if (args.preset == "paper" and paper
+            and "borrowed from" in str(paper(args.task, args.spt)[1])):
         notes.append(f"note: --preset paper: the paper has no {args.model} run; its values are "
                      f"borrowed (python models.py names each source)")
     accum_given = {k for k in ("accum_steps", "pretrain_accum_steps")
@@ -309,7 +333,7 @@ def apply(args, entry):
     for phase, batch, accum in (("finetune", "batch_size", "accum_steps"),
                                 ("spt", "pretrain_batch_size", "pretrain_accum_steps")):
         per_process = -(-getattr(args, batch) // world)   # rows of a global batch per process
-        # --preset paper: None = planned from the card in hand (tools/memory.py: plan_memory), per process
+        # --preset paper: None = planned from the card in hand (lab/memory.py: plan_memory), per process
         if args.preset == "paper" and accum not in accum_given:
             setattr(args, accum, None)
         if world > 1 and per_process <= 1 and (phase == "finetune" or args.spt):
@@ -380,8 +404,8 @@ def paper_table(models):
         for task in lra_data.TASKS:
             runs = ([(False, "TFS and SPT")] if model == "transformer"
                     else [(False, "TFS"), (True, "SPT")])
-            for spt, run in runs if entry.paper else []:
-                values, sources = entry.paper(task, spt)
+            for spt, run in runs if paper_of(model, entry) else []:
+                values, sources = paper_of(model, entry)(task, spt)
                 by_source = {}                            # source -> the keys it gave
                 for k in keys:
                     by_source.setdefault(sources[k], []).append(k)

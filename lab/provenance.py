@@ -1,4 +1,4 @@
-"""tools/provenance.py: what a run's record says about where its numbers came from besides the flags: the
+"""lab/provenance.py: what a run's record says about where its numbers came from besides the flags: the
 commit of the code (with -dirty when a tracked file differs) and the machine (CPU model, threads, GPU name).
 runs.run_meta writes both into a run's config.json and runs.startup_lines into its log's device line;
 results/why_spt.py reads the CPU model to keep the runs of a model's seed on one machine."""

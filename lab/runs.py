@@ -1,4 +1,4 @@
-"""runs.py: a training run on disk and across processes, the plumbing under train.py.
+"""lab/runs.py: a training run on disk and across processes, the plumbing under train.py.
 run folder:  runs/<task>-<model>-<spt|init|tfs>-s<seed>-<time>/: config.json, log.txt, log.jsonl,
              spt.pt, best.pt, last.pt, results.json, each written whole or not at all (temp file +
              rename); a failed write (full disk, quota, read-only) stops the run: one line, exit 2
@@ -7,7 +7,7 @@ resume:      last.pt holds weights, optimiser, schedule and every RNG, so a stop
              is refused in one line
 stops:       Ctrl-C and SIGTERM (a scheduler's time limit) end in one line: where, the --resume command;
              one that arrives while an evaluation writes its files waits until they are written
-(a step on the hardware, DDP, --device and --precision, the loaders: steps.py) Check: tests/test_robustness.py,
+(a step on the hardware, DDP, --device and --precision, the loaders: lab/steps.py) Check: tests/test_robustness.py,
 test_faults.py (DDP equals one process, exact resume, locks, damaged checkpoints, full disks, moved data)
 """
 import argparse
@@ -24,13 +24,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tools import checked, provenance
+from tools import checked
+from tools.checked import read_checkpoint  # noqa: F401  (runs.read_checkpoint: its old name)
 
+
+from lab import provenance
 try:
     import fcntl  # POSIX file locks; absent on Windows
 except ImportError:
     fcntl = None
-RECORD_HOOKS = []   # called after each record reaches log.jsonl (tools/loggers.py: TensorBoard, wandb)
+RECORD_HOOKS = []   # called after each record reaches log.jsonl (lab/loggers.py: TensorBoard, wandb)
 
 def rank():
     """This process's rank under torchrun (0 without DDP): only rank 0 writes the run folder."""
@@ -311,20 +314,6 @@ def catch_up_log(folder, ck):
         # a line cut inside a character reads as U+FFFD, never a UnicodeDecodeError
         if not path.is_file() or text not in checked.read_text(path, "").splitlines():
             append_line(path, text)
-
-
-def read_checkpoint(path, device="cpu"):
-    """torch.load of a train.py checkpoint; ValueError (one line) if empty, truncated or not one."""
-    try:
-        with open(path, "rb") as f:                 # a Python file: a path of any bytes, as the OS gave it
-            ck = torch.load(f, map_location=device, weights_only=True)
-    except Exception as e:                          # truncated, empty, garbage, not plain data
-        raise ValueError(
-            f"{path} is damaged or not a train.py checkpoint ({type(e).__name__})") from None
-    if not isinstance(ck, dict) or not {"model", "config", "model_name", "task"} <= set(ck):
-        raise ValueError(
-            f"{path} is not a train.py checkpoint (no model/config/model_name/task entries)")
-    return ck
 
 
 def read_config(folder):

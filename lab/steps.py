@@ -1,4 +1,4 @@
-"""steps.py: one training step, top to bottom (train_epoch: batch -> corruption -> forward -> loss
+"""lab/steps.py: one training step, top to bottom (train_epoch: batch -> corruption -> forward -> loss
 -> backward -> guarded optimiser step), and how it runs on the hardware. Besides this file a step
 reads only denoise.py (the objective's corruption and the loss) and the model's forward.
 batch:      the loader's collate makes the clean batch on the host (pads, pixels normalised, the
@@ -28,10 +28,9 @@ import torch.nn as nn
 from tqdm import tqdm
 
 import denoise
-import heads
 import lra_data
-import runs
-from runs import fail
+from lab import runs
+from lab.runs import fail
 from ssm import set_tf32
 
 # the progress bar and the non-finite guard read device values once every this many steps
@@ -98,14 +97,14 @@ def evaluate(model, phase, loader, seed, amp, predictions=None):
 def collate(examples, task):
     """The loader's collate_fn (on the host, in its workers on CUDA): [(x, label)] of `task` ->
     denoise.Clean: lra_data.collate's padded batch, token ids as they are or pixels as normalised
-    values with grey-level (Pathfinder) or value (Image) targets (heads.clean_input), the labels.
+    values with grey-level (Pathfinder) or value (Image) targets (lra_data.clean_input), the labels.
     Retrieval: each document a row of its own (2B rows). padded is None when nothing is padded,
     decided here on the host, so the step never reads a device value to know."""
     x, lengths, labels = lra_data.collate(examples)                  # (B, L) or (B, 2, L)
     if lra_data.TASKS[task].pair:
         x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,)
     padded = lengths if bool((lengths < x.size(-1)).any()) else None
-    value, target = heads.clean_input(x, task)                           # (B, L) each
+    value, target = lra_data.clean_input(x, task)                           # (B, L) each
     # content: the positions an objective may mask; a token task's last real token is the EOS
     content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths
     return denoise.Clean(value, target, lengths, content, padded, lra_data.MASK, labels)

@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import lra_data  # noqa: E402
-import train  # noqa: E402
+import models  # noqa: E402
 from tools import checked  # noqa: E402  (checked flags and reads; writes over our own files only)
 
 CHECKPOINTS = ("spt.pt", "best.pt", "last.pt")     # what train.py writes into a run folder: all --clean deletes
@@ -38,10 +38,10 @@ def profiles_of_run(folder, config, L=None):
     L = L or args.get("max_len") or lra_data.TASKS[config["task"]].max_len
     # as train.py: manual_seed(seed), then build_model (backbone first)
     torch.manual_seed(args["seed"])
-    stages = {"init": kernel_profiles(train.build_model(config).backbone, L)}
+    stages = {"init": kernel_profiles(models.build_model(config).backbone, L)}
     for stage, file in (("spt", "spt.pt"), ("finetune", "best.pt")):
         if (folder / file).is_file():
-            model, _ = train.load_model(folder / file)
+            model, _ = models.load_model(folder / file)
             stages[stage] = kernel_profiles(model.backbone, L)
     round4 = lambda xs: [float(f"{x:.4g}") for x in xs]                 # 4 significant digits: the picture's precision
     return {"L": L, "model": name, "task": config["task"], "seed": args["seed"], "spt": args["spt"],

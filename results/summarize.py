@@ -28,7 +28,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from tools import checked  # noqa: E402  (checked reads; outputs over our own files only)
 import plots  # noqa: E402  (results/plots.py: the figures, matplotlib optional)
 import stats  # noqa: E402  (results/stats.py: t intervals, exact McNemar)
-import why_spt  # noqa: E402  (results/why_spt.py: that study's tables)
+import why_spt_tables  # noqa: E402  (results/why_spt_tables.py: that study's tables)
 
 SKIP = "this run folder is skipped (rerun or resume the run, or delete the folder)"
 MARGIN = 0.05                                     # "left chance": val accuracy > chance + 5 points
@@ -472,7 +472,7 @@ def write_summary(args, folders, out):
         elif folder.name == "control":
             section, figures = control_section(runs, out, plt, folder.name)
         elif folder.name == "why_spt":
-            section, figures = why_spt.section(folder, runs, stats), []
+            section, figures = why_spt_tables.section(folder, runs, stats), []
         elif groups:
             section, figures = objectives_section(runs, groups, out, plt, folder.name)
         else:

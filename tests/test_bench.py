@@ -1,11 +1,11 @@
-"""Facts about bench.py: a tiny run writes every field with finite numbers and the machine's load; an exponent needs
+"""Facts about tools/bench.py: a tiny run writes every field with finite numbers and the machine's load; an exponent needs
 three lengths. The memory estimate's facts: tests/test_memory.py; the GPU check's: tests/test_gpu_check.py."""
 import json
 import math
 
 import pytest
 
-import bench
+from tools import bench
 from tools import speed
 
 TINY = ["--lengths", "64", "128", "256", "--max-tokens", "512", "--batch", "2", "--d-model", "16", "--d-state", "8",
@@ -78,7 +78,7 @@ def test_a_row_predicted_too_slow_is_skipped_not_run():
 
 
 def test_devices_are_told_apart_by_type_not_by_string():
-    from tools.memory import device_type
+    from lab.memory import device_type
     assert [device_type(d) for d in ("cuda:0", "cuda", "cpu", "cuda:3")] == ["cuda", "cuda", "cpu", "cuda"]
 
 

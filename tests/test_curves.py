@@ -1,4 +1,4 @@
-"""Facts about tools/curves.py: the figure a run draws at its end holds exactly log.jsonl's evaluations (the lines are
+"""Facts about lab/curves.py: the figure a run draws at its end holds exactly log.jsonl's evaluations (the lines are
 read back from the figure), SPT and fine-tuning side by side; several runs overlay in one figure; without matplotlib
 a run says so in one line and still finishes."""
 import builtins
@@ -10,7 +10,7 @@ import pytest
 
 from conftest import TINY, records
 from lra.listops import generate_listops
-from tools import curves
+from lab import curves
 
 NEEDS = "the curves need it: pip install matplotlib"
 DRAW = [f for f in TINY if f != "--no-curves"]
@@ -57,10 +57,10 @@ def test_two_runs_overlay_in_one_figure_from_the_command_line(data_dir, tmp_path
     labels = {label for _, label, _, _ in held}
     assert labels == {f"{d.name} {s}" for d in (a, b) for s in ("train", "val")}, labels
     assert [t for t, _, _, _ in held if "SPT" in t] == [], "a run without SPT drew an SPT panel"
-    done = subprocess.run([sys.executable, "tools/curves.py", str(a), str(b), "--out", str(tmp_path / "cli.png")],
+    done = subprocess.run([sys.executable, "lab/curves.py", str(a), str(b), "--out", str(tmp_path / "cli.png")],
                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and (tmp_path / "cli.png").stat().st_size > 0, done.stderr
-    missing = subprocess.run([sys.executable, "tools/curves.py", str(tmp_path)], capture_output=True, text=True,
+    missing = subprocess.run([sys.executable, "lab/curves.py", str(tmp_path)], capture_output=True, text=True,
                              cwd=Path(__file__).resolve().parents[1], timeout=120)
     assert missing.returncode == 2 and "log.jsonl: no such file" in missing.stderr, missing.stderr
 

@@ -1,4 +1,4 @@
-"""Facts about the faults long runs meet (runs.py, lra/cache.py, the generators, every command-line tool): a full disk
+"""Facts about the faults long runs meet (lab/runs.py, lra/cache.py, the generators, every command-line tool): a full disk
 at the cache, a checkpoint or generated data ends in one line and leaves no temporary; SIGTERM and SIGKILL stop
 generator workers and training cleanly, and the --resume command printed works; leftovers of a killed process are
 removed; runs of an older commit or from another folder resume; images are read exactly or refused."""
@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 
 import lra_data
-import runs
-import steps
+from lab import runs
+from lab import steps
 import train
 from conftest import TINY, records, run
 from lra import files as lra_files
@@ -326,7 +326,7 @@ FLAGS = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "2
 def stopped_run(data_dir, tmp_path, monkeypatch):
     """(the folder of a run stopped by Ctrl-C in fine-tuning epoch 2, with last.pt of epoch 1; the results of the same
     run uninterrupted)."""
-    import steps
+    from lab import steps
     full, _ = run(data_dir, tmp_path / "full", *FLAGS)
     calls, step = [], steps.guard_step
     def stop(*a):                                                    # the 4th optimiser step: fine-tuning epoch 2
@@ -429,8 +429,8 @@ def tool_main(script):
     ("results/summarize.py", ["--out", "README.md"], "--out README.md is a file"),
     ("results/kernels.py", ["no/such/folder"], "no/such/folder"),
     ("results/kernels.py", ["results/study", "--length", "0"], "--length 0"),
-    ("bench.py", ["--device", "tpu"], "--device tpu"),
-    ("bench.py", ["--out", "results"], "--out results is a folder"),
+    ("tools/bench.py", ["--device", "tpu"], "--device tpu"),
+    ("tools/bench.py", ["--out", "results"], "--out results is a folder"),
 ])
 def test_every_command_line_tool_refuses_a_bad_flag_in_one_line_with_status_2(script, argv, says, capsys,
                                                                              monkeypatch):
@@ -448,7 +448,7 @@ def test_every_command_line_tool_refuses_a_bad_flag_in_one_line_with_status_2(sc
 
 # ---- every numeric flag of every tool: finite, in range, at parse time (issue #28, point 4) -------------------------
 
-TOOLS = ["train.py", "bench.py", "lra_data.py", "models.py", "results/control.py", "results/kernels.py",
+TOOLS = ["train.py", "tools/bench.py", "lra_data.py", "models.py", "results/control.py", "results/kernels.py",
          "results/summarize.py"]
 
 
@@ -526,7 +526,7 @@ def test_the_seed_has_a_range_that_leaves_room_for_the_seeds_derived_from_it(see
 
 
 def test_bench_refuses_repeated_lengths_before_measuring_and_a_fit_never_divides_by_zero(capsys):
-    import bench
+    from tools import bench
     from tools import speed
     with pytest.raises(SystemExit) as e:
         bench.parse_args(["--lengths", "256", "256", "256", "--fit-from", "256"])
@@ -627,9 +627,9 @@ def test_summarize_deletes_and_overwrites_only_its_own_files_in_out(tiny_study, 
 
 
 @pytest.mark.parametrize("script, argv, says", [
-    ("bench.py", ["--out", "{tmp}/b.md"], "pass a .json name"),
-    ("bench.py", ["--out", "{tmp}/mine.json"], "mine.json exists and bench.py did not write it"),
-    ("bench.py", ["--out", "{tmp}/mine"], "mine.md exists and bench.py did not write it"),
+    ("tools/bench.py", ["--out", "{tmp}/b.md"], "pass a .json name"),
+    ("tools/bench.py", ["--out", "{tmp}/mine.json"], "mine.json exists and tools/bench.py did not write it"),
+    ("tools/bench.py", ["--out", "{tmp}/mine"], "mine.md exists and tools/bench.py did not write it"),
     ("models.py", ["--out", "{tmp}/mine.json"], "exists and models.py did not write it"),
 ])
 def test_a_tool_refuses_to_overwrite_a_file_it_did_not_write_and_formats_never_share_a_path(script, argv, says,
@@ -782,7 +782,7 @@ def test_resume_of_a_folder_whose_last_pt_is_another_models_stops_before_trainin
 @pytest.mark.parametrize("damage", ["deleted", "cut", "another epoch's"])
 def test_resume_with_the_best_checkpoint_missing_or_not_the_runs_stops_before_any_training(damage, stopped_run,
                                                                                            monkeypatch, capsys):
-    import steps
+    from lab import steps
     folder, _ = stopped_run
     if damage == "deleted":
         (folder / "best.pt").unlink()

@@ -18,7 +18,7 @@ import torch
 
 import models
 import objectives
-import steps
+from lab import steps
 import train
 from conftest import TINY, records, run
 from lra.listops import generate_listops
@@ -63,7 +63,7 @@ def forked(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "OBJECTIVES", objectives.OBJECTIVES)
     for module in (models, objectives, steps):
         before = dict(vars(module))
-        for code in blocks_for(f"{module.__name__}.py"):
+        for code in blocks_for(module.__name__.replace(".", "/") + ".py"):
             exec(compile(code, str(DOC), "exec"), vars(module))
         for key in set(vars(module)) - set(before):
             monkeypatch.delattr(module, key)             # the recipe's names leave with the test
@@ -121,7 +121,7 @@ def test_a_model_without_paper_values_stops_preset_paper_in_one_line(forked, dat
 
 
 def test_a_model_that_borrows_paper_values_says_so_and_names_the_source(forked, monkeypatch):
-    import presets
+    from lab import presets
     monkeypatch.setitem(models.MODELS, "lru", models.MODELS["lru"]._replace(paper=presets.borrow(presets.dlr_paper,
                                                                                                  "dlr")))
     args, _, _ = train.parse_flags(["--model", "lru", "--task", "text", "--preset", "paper"])
@@ -387,8 +387,8 @@ def test_one_training_step_reads_in_two_files_steps_and_denoise_besides_the_mode
                                                                                           capsys):
     trace = step_files(data_dir, tmp_path, *flags)
     assert trace.phases == 1 + ("--spt" in flags), f"the trace saw {trace.phases} first steps"
-    assert trace.step == {"steps.py", "denoise.py"}, f"one step of {flags} reads {sorted(trace.step)}"
-    assert {"heads.py"} <= trace.model, trace.model            # the model's forward: heads and the backbone's files
+    assert trace.step == {"lab/steps.py", "denoise.py"}, f"one step of {flags} reads {sorted(trace.step)}"
+    assert {"models.py"} <= trace.model, trace.model           # the model's forward: the heads and the backbone's files
     with capsys.disabled():
         print(f"\n  one step ({' '.join(flags)}): {' + '.join(sorted(trace.step))}; "
               f"the model's forward and the optimiser: {' + '.join(sorted(trace.model))}")

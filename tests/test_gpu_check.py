@@ -1,4 +1,4 @@
-"""Facts about tools/gpu_check.py (python bench.py --gpu-check) at --check-scale tiny on a CPU: every part (a)-(g)
+"""Facts about tools/gpu_check.py (python tools/bench.py --gpu-check) at --check-scale tiny on a CPU: every part (a)-(g)
 measures, within 90 s, without git, writing only the three files of --out-dir (summary.md, results.json,
 check.tar.gz); --minutes counts from the process's start and the check ends before it, keeping what was done; a failing
 part keeps its error and log lines; SIGTERM leaves the finished parts; the TF32 part fails on a setter that mixes
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-import bench
+from tools import bench
 import models
-import presets
+from lab import presets
 import ssm
 import train
 from tools import gpu_check
@@ -47,7 +47,7 @@ def test_the_tiny_check_measures_every_part_in_90_s_without_git_and_writes_only_
     status = lambda: subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,  # noqa: E731
                                     capture_output=True, text=True).stdout
     before, t0 = status(), time.time()
-    done = subprocess.run([sys.executable, str(REPO / "bench.py"), "--gpu-check", "--check-scale", "tiny", "--out-dir",
+    done = subprocess.run([sys.executable, str(REPO / "tools/bench.py"), "--gpu-check", "--check-scale", "tiny", "--out-dir",
                            str(out)], cwd=cwd, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PATH": str(tmp_path / "no-git-here")})
     wall = time.time() - t0
@@ -78,8 +78,8 @@ def test_the_tiny_check_measures_every_part_in_90_s_without_git_and_writes_only_
     assert "deadline:" in text and "kept" in text and "commit unknown" in text, text
 
 
-# bench.py's command line, its last part made endless: on any machine the deadline has to cut the check short
-ENDLESS_LAST = ("import sys, time; import bench; from tools import gpu_check; "
+# tools/bench.py's command line, its last part made endless: on any machine the deadline has to cut the check short
+ENDLESS_LAST = ("import sys, time; from tools import bench, gpu_check; "
                 "gpu_check.PARTS['spt_batch'] = lambda check: time.sleep(3600) or {}; "
                 "sys.exit(1 if bench.main(sys.argv[1:]).get('failed') else 0)")
 
@@ -133,7 +133,7 @@ def test_the_tf32_part_fails_on_a_setter_that_mixes_torchs_tf32_apis(tmp_path, m
 
 
 def test_sigterm_mid_check_leaves_the_finished_parts(tmp_path):
-    check = subprocess.Popen([sys.executable, "bench.py", "--gpu-check", "--check-scale", "tiny", "--out-dir",
+    check = subprocess.Popen([sys.executable, "tools/bench.py", "--gpu-check", "--check-scale", "tiny", "--out-dir",
                               str(tmp_path)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.time() + 90
@@ -154,7 +154,7 @@ def test_the_paper_scale_main_command_passes_train_py_checks_with_the_presets_ba
     flags, n = gpu_check.main_flags(check, check.scale["main_steps"])
     run = train.parse_flags(flags)[0]
     presets.check(run, presets.apply(run, train.MODELS["dlr"])[0], train.MODELS["dlr"])   # raises on a bad flag
-    preset = models.preset_values("paper", "dlr", "pathx", True)
+    preset = presets.values_for("paper", "dlr", "pathx", True)
     assert (run.batch_size, run.pretrain_batch_size) == (preset["batch_size"], preset["pretrain_batch_size"]), vars(run)
     assert run.max_steps == 20 and run.spt and run.preset == "paper" and n >= run.max_train / 0.8, vars(run)
     assert gpu_check.SCALES["paper"]["lengths"] == [1024, 16384, 65536]

@@ -1,19 +1,32 @@
-"""The repo's layout as facts: the import graph has no cycle, each file imports only what its concept needs, and the
-README's reading order ("Reading the code") never uses a file before it is read."""
+"""The repo's layout as facts: the top level holds the concept files a class reads and train.py, and nothing else of
+code; the layers (a concept file imports only the standard library, torch, numpy, tqdm, other concept files and
+tools/checked.py; the machinery may import concepts, never the reverse; nothing imports train.py but tests); the
+import graph has no cycle; the README's reading order never uses a file before it is read."""
 import ast
 import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FILES = sorted([*REPO.glob("*.py"), *REPO.glob("lra/*.py"), *REPO.glob("tools/*.py"), *REPO.glob("results/*.py")])
+FILES = sorted([*REPO.glob("*.py"), *REPO.glob("lra/*.py"), *REPO.glob("lab/*.py"), *REPO.glob("tools/*.py"),
+                *REPO.glob("results/*.py")])
 MODULES = {str(f.relative_to(REPO).with_suffix("")).replace("/", "."): f for f in FILES}
+TOP = {name for name in MODULES if "." not in name}                 # the top-level .py files
+CONCEPTS = TOP - {"train"}                                          # what a class reads, besides train.py
+THE_CARD = {"transformer", "s4", "dlr", "ssm", "lra_data", "denoise", "train"}     # the design card's
+OUTSIDE = {"torch", "numpy", "tqdm"}                               # and the standard library
 
 
-def imports(path, own_name):
+def imports(path, own_name, in_main=True):
     """The repo modules that `path` (module own_name) imports anywhere: at module level and the lazy imports inside
-    functions (which run only when called, and close a cycle all the same)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    functions (which run only when called, and close a cycle all the same). in_main=False: not those inside a
+    function named main (a concept file's command line may reach the machinery there)."""
+    tree, found, skip = ast.parse(path.read_text()), set(), set()
+    if not in_main:
+        skip = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "main"
+                for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -24,13 +37,27 @@ def imports(path, own_name):
     return found - {own_name}
 
 
-GRAPH = {name: imports(path, name) for name, path in MODULES.items()}
+def outside_imports(path):
+    """The top-level package names `path` imports that are neither the repo's nor the standard library's."""
+    import sys
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {n.split(".")[0] for n in MODULES}
 
 
-def test_the_import_graph_sees_lazy_imports_inside_functions(tmp_path):
+# what each module imports when imported (a main()'s imports run in a command's own process, all imports done)
+GRAPH = {name: imports(path, name, in_main=False) for name, path in MODULES.items()}
+
+
+def test_the_import_graph_sees_lazy_imports_inside_functions_and_can_leave_out_main(tmp_path):
     lazy = tmp_path / "lazy.py"
     lazy.write_text("import os\n\n\ndef main():\n    import models\n    if True:\n        from lra import files\n")
     assert imports(lazy, "lazy") == {"models", "lra.files"}, "a lazy import inside a function was not seen"
+    assert imports(lazy, "lazy", in_main=False) == set()
 
 
 def test_the_import_graph_has_no_cycle():
@@ -49,14 +76,55 @@ def test_the_import_graph_has_no_cycle():
         visit(name)
 
 
+def reading_order():
+    """The files README.md's "Reading the code" list names, in its order (`name.py` -> name)."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Reading the code")[1].split("\n## ")[0]
+    items = "\n".join(re.findall(r"^\d+\. .*(?:\n   .*)*", section, flags=re.M))     # the numbered list
+    return list(dict.fromkeys(re.findall(r"`(\w+)\.py`", items)))
+
+
+def test_the_top_level_is_the_design_cards_concept_files_and_train_py():
+    """At most 9 .py files at the top, each a step of the README's reading order; a fork's own model file (a MODELS
+    entry's module, docs/fork.md) may stand beside them without being one."""
+    import models
+    forks = {entry.Config.__module__ for entry in models.MODELS.values()} - set(reading_order())
+    assert THE_CARD <= TOP, f"missing at the top: {sorted(THE_CARD - TOP)}"
+    ours = TOP - forks
+    assert len(ours) <= 9, f"{len(ours)} .py files at the top (at most 9): {sorted(ours)}"
+    assert ours <= set(reading_order()), f"at the top but not read: {sorted(ours - set(reading_order()))}"
+
+
+def test_a_concept_file_imports_only_concept_files_and_tools_checked_outside_its_main():
+    allowed = CONCEPTS | {"tools.checked"}
+    for name in sorted(CONCEPTS):
+        deps = imports(MODULES[name], name, in_main=False)
+        own = {d for d in deps if d.startswith("lra.")} if name == "lra_data" else set()   # its formats, caches
+        assert deps - own <= allowed, f"{name}.py imports {sorted(deps - own - allowed)} outside its main()"
+        assert outside_imports(MODULES[name]) <= OUTSIDE, (name, outside_imports(MODULES[name]))
+
+
+def test_the_official_formats_import_only_their_own_folder_and_tools_checked():
+    for name in (n for n in MODULES if n.startswith("lra.")):
+        assert GRAPH[name] <= {n for n in MODULES if n.startswith("lra.")} | {"tools.checked"}, (name, GRAPH[name])
+        assert outside_imports(MODULES[name]) <= OUTSIDE | {"PIL"}, (name, outside_imports(MODULES[name]))
+    assert GRAPH["tools.checked"] == set(), "tools/checked.py imports nothing of the repo: any file may import it"
+
+
+def test_nothing_imports_train_py_and_the_machinery_is_never_imported_by_a_concept():
+    users = sorted(name for name, deps in GRAPH.items() if "train" in deps)
+    assert users == [], f"only tests import train.py: {users}"
+    machinery = {n for n in MODULES if n.startswith(("lab.", "tools.", "results."))} - {"tools.checked"}
+    for name in sorted(CONCEPTS | {n for n in MODULES if n.startswith("lra.")}):
+        deps = imports(MODULES[name], name, in_main=False) & machinery
+        assert not deps, f"{name} imports the machinery {sorted(deps)} outside its main()"
+
+
 def test_each_concept_file_imports_only_what_its_concept_needs():
     assert GRAPH["ssm"] == set() and GRAPH["denoise"] == set()
     assert GRAPH["transformer"] == {"ssm"}, "the Transformer shares only ssm.py's config and shape rules"
     assert GRAPH["s4"] == {"ssm"} and GRAPH["dlr"] == {"ssm"}, "a kernel needs only the shared SSM block"
-    assert GRAPH["heads"] == {"denoise", "lra_data"}, GRAPH["heads"]
-    assert GRAPH["runs"] <= {"lra.files", "tools.checked", "tools.provenance"}, \
-        "run plumbing knows no model, task or objective"
-    assert GRAPH["objectives"] == {"denoise", "heads", "lra_data", "presets"}, GRAPH["objectives"]
+    assert GRAPH["objectives"] <= {"denoise", "lra_data", "tools.checked"}, GRAPH["objectives"]
     for generator in ("lra.listops", "lra.pathfinder"):                 # generators never import each other
         assert GRAPH[generator] == {"lra.files"}, (generator, GRAPH[generator])
     models = {"transformer", "s4", "dlr"}
@@ -65,12 +133,8 @@ def test_each_concept_file_imports_only_what_its_concept_needs():
 
 
 def test_the_readme_reading_order_never_uses_a_file_before_it_is_read():
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("## Reading the code")[1].split("\n## ")[0]
-    items = "\n".join(re.findall(r"^\d+\. .*(?:\n   .*)*", section, flags=re.M))     # the numbered list
-    order = list(dict.fromkeys(re.findall(r"`(\w+)\.py`", items)))
-    assert {"ssm", "s4", "dlr", "transformer", "denoise", "lra_data", "heads", "runs", "steps", "presets", "models",
-            "objectives", "train"} <= set(order), order
+    order = reading_order()
+    assert THE_CARD <= set(order), f"the reading order leaves out {sorted(THE_CARD - set(order))}"
     for i, name in enumerate(order):           # a file the list leaves out (a fork's lru.py) is no reading step
         needed = {dep for dep in GRAPH[name] if dep in order}
         unread = needed - set(order[:i])

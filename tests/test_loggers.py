@@ -1,4 +1,4 @@
-"""Facts about tools/loggers.py (--log-to): TensorBoard's event files, read back with TensorBoard's own reader, hold
+"""Facts about lab/loggers.py (--log-to): TensorBoard's event files, read back with TensorBoard's own reader, hold
 log.jsonl's values at their steps, and a stopped and resumed run continues the same curves without a repeated point;
 wandb in offline mode (no account, no network) writes its run folder with the same values; a missing package stops in
 one line naming the pip command; under DDP only rank 0 logs."""
@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-import steps
+from lab import steps
 import train
 from conftest import records, run
 from lra.listops import generate_listops
-from tools import loggers
+from lab import loggers
 
 FLAGS = ["--model", "dlr", "--task", "listops", "--spt", "--pretrain-epochs", "2", "--epochs", "2"]
 

@@ -9,9 +9,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lra_data
 import models
-import steps
-from tools import memory
+from lab import steps
+from lab import memory
 import train
+from lab import presets
 
 
 def test_live_bytes_counts_each_storage_once_and_forgets_it_when_freed():
@@ -29,7 +30,7 @@ def test_live_bytes_counts_each_storage_once_and_forgets_it_when_freed():
 
 def test_peak_estimated_from_one_and_two_layers_equals_the_whole_models():
     for model_name, task, phase in (("s4", "listops", "finetune"), ("transformer", "text", "spt")):
-        values = models.preset_values("paper", model_name, task, phase == "spt")   # S4 ListOps: 8 post-norm layers
+        values = presets.values_for("paper", model_name, task, phase == "spt")   # S4 ListOps: 8 post-norm layers
         cased = memory.training_case(model_name, task, values, phase, 2, 256)
         whole = memory.simulated_peak(*cased, "bf16")
         est = memory.training_memory(model_name, task, values, phase, 2, 256, "bf16")
@@ -42,7 +43,7 @@ def test_memory_estimate_matches_measured_peak_within_25_percent():
     assert not bad, f"estimate and real CPU step disagree by more than 25 %: {bad}"
 
 
-PAPER = [(m, t) for m, entry in train.MODELS.items() if entry.paper for t in lra_data.TASKS]
+PAPER = [(m, t) for m, entry in train.MODELS.items() if presets.paper_of(m, entry) for t in lra_data.TASKS]
 CARDS = {"80 GB": 80 * 2**30, "141 GB (H200)": 141 * 10**9}
 
 
@@ -63,7 +64,7 @@ def test_the_plan_of_every_paper_preset_fits_each_card_with_headroom_in_micro_ba
         for spt in (False, True):
             flags = ["--model", model_name, "--task", task] + ["--spt"] * spt
             args, record = planned(monkeypatch, total, *flags)
-            values = models.preset_values("paper", model_name, task, spt)
+            values = presets.values_for("paper", model_name, task, spt)
             for phase, plan in record.items():
                 batch = values["pretrain_batch_size" if phase == "spt" else "batch_size"]
                 where = f"{model_name} {task} {phase}{' after SPT' * (spt and phase == 'finetune')} on {card}"

@@ -1,4 +1,4 @@
-"""Facts about `--preset paper` (the paper's Tables 2, 4, 5 and the authors' configs; presets.py; `python models.py` prints them): every paper-scale
+"""Facts about `--preset paper` (the paper's Tables 2, 4, 5 and the authors' configs; lab/presets.py; `python models.py` prints them): every paper-scale
 classifier train.py builds has the parameter count printed in the README ("Paper-preset model sizes"), and runs one
 forward and backward pass with a finite loss and finite gradients. The pass is at a reduced length (L = 128, B = 2) on
 CPU, so the GPU-sized models are checked in seconds."""
@@ -13,15 +13,15 @@ import torch
 import denoise
 import lra_data
 import models
-import presets
-import steps
+from lab import presets
+from lab import steps
 import train
 
 README = Path(__file__).resolve().parents[1] / "docs" / "presets.md"
 HEADING = "Paper-preset model sizes"
 L = 128                                   # reduced length of the forward/backward check (the paper's: 1,024 … 65,536)
 MODEL_NAMES = {m: m.upper() if len(m) <= 3 else m.capitalize()      # the models with paper values, as headed
-               for m, entry in train.MODELS.items() if entry.paper}
+               for m, entry in train.MODELS.items() if presets.paper_of(m, entry)}
 
 # Parameters of Classifier(backbone + head) that `--preset paper` builds, the README table's numbers. They change
 # only when a model file, the head or PAPER_* in train.py change; then update both this table and the README.
@@ -40,7 +40,7 @@ CASES = sorted(EXPECTED_PARAMS, key=lambda c: (list(train.MODELS).index(c[0]), l
 
 def paper_config(model, task):
     """The model config of `--model model --task task --preset paper` (no size flags, not causal)."""
-    return models.model_config(model, task, models.preset_values("paper", model, task, spt=False))
+    return presets.config_for(model, task, presets.values_for("paper", model, task, spt=False))
 
 
 def paper_classifier(model, task, cfg=None):
@@ -96,7 +96,7 @@ def test_paper_preset_model_trains_one_step_at_reduced_length(model, task):
 
 def readme_block():
     """The README section this file checks, rendered from EXPECTED_PARAMS and the preset's layers × width."""
-    size = lambda m, t: "{n_layers}×{d_model}".format(**models.preset_values("paper", m, t, spt=False))
+    size = lambda m, t: "{n_layers}×{d_model}".format(**presets.values_for("paper", m, t, spt=False))
     rows = [f"| {t} | " + " | ".join(f"{EXPECTED_PARAMS[m, t]:,} ({size(m, t)})" for m in MODEL_NAMES) + " |"
             for t in lra_data.TASKS]
     return "\n".join([f"## {HEADING}", "", "| task | " + " | ".join(MODEL_NAMES.values()) + " |",
@@ -121,7 +121,7 @@ def test_readme_prints_the_paper_preset_parameter_counts():
             assert cell_parts, f"README '{HEADING}', {task}/{model}: cell {cell!r} is not 'count (layers×width)'"
             n, layers, width = cell_parts.groups()
             found[model, task] = (int(n.replace(",", "")), int(layers), int(width))
-    want = {c: (EXPECTED_PARAMS[c], *(models.preset_values("paper", *c, spt=False)[k] for k in ("n_layers", "d_model")))
+    want = {c: (EXPECTED_PARAMS[c], *(presets.values_for("paper", *c, spt=False)[k] for k in ("n_layers", "d_model")))
             for c in EXPECTED_PARAMS}
     diff = {c: (found.get(c), want.get(c)) for c in want.keys() | found.keys() if found.get(c) != want.get(c)}
     assert not diff, (f"README '{HEADING}' disagrees with the code, (README, code) per cell: {diff}\n"
@@ -129,7 +129,7 @@ def test_readme_prints_the_paper_preset_parameter_counts():
 
 
 def test_committed_table_of_paper_presets_and_their_sources_is_current():
-    import presets
+    from lab import presets
     table = (README.parents[1] / "results" / "paper_presets.md").read_text(encoding="utf-8").splitlines()
     rows = presets.paper_table(train.MODELS)
     assert all(row in table for row in rows), "results/paper_presets.md is stale: python models.py --out results/paper_presets.md"
@@ -142,15 +142,15 @@ def test_committed_table_of_paper_presets_and_their_sources_is_current():
 def test_paper_preset_micro_batch_keeps_the_papers_batch(model, task):
     # accumulation splits a step, never changes it: micro-batches of at most the batch, as many as the batch needs
     for spt in (False, True):
-        v = models.preset_values("paper", model, task, spt)
+        v = presets.values_for("paper", model, task, spt)
         for batch, accum in (("batch_size", "accum_steps"), ("pretrain_batch_size", "pretrain_accum_steps")):
             assert 1 <= v[accum] <= v[batch], f"{model}/{task}: {accum} {v[accum]} for {batch} {v[batch]}"
 
 
 def test_an_explicit_batch_size_is_split_to_the_micro_batch_that_fits_not_the_presets_count(monkeypatch):
     import torch
-    import steps
-    from tools import memory
+    from lab import steps
+    from lab import memory
     monkeypatch.setattr(memory, "card_memory", lambda device: (80 * 2**30, 80 * 2**30))     # an 80 GB card
 
     def settings(*flags):

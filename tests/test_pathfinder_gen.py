@@ -166,7 +166,7 @@ def test_generating_with_workers_under_the_stop_handler_prints_no_traceback(tmp_
     import subprocess
     import sys
     from pathlib import Path
-    code = ("import runs; runs.stop_on_sigterm(); from lra import pathfinder; "
+    code = ("from lab import runs; runs.stop_on_sigterm(); from lra import pathfinder; "
             f"pathfinder.generate_pathfinder({str(tmp_path)!r}, n=24, per_batch=6, workers=2)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])

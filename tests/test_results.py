@@ -448,13 +448,14 @@ def test_every_why_spt_contrast_takes_a_seeds_terms_from_one_cpu_model(tmp_path)
             flags = {**why.arms(9)["a"]["transformer"], **why.arms(9)["b"]["transformer"]}[arm]
             config.update(command=why.command("transformer", seed, flags, args), machine=dict(cpu=cpu))
             (study / name / "config.json").write_text(json.dumps(config))
-    cells = why.study_cells(study, [r for r in map(script("summarize").read_run, sorted(study.iterdir())) if r])
-    c3 = dict(why.PRIMARY)["C3 rotary: converged SPT − TFS"]
-    assert {s: (round(d, 6), c) for s, (d, c) in why.contrast(cells, c3).items()} == {
+    tables = script("why_spt_tables")
+    cells = tables.study_cells(study, [r for r in map(script("summarize").read_run, sorted(study.iterdir())) if r])
+    c3 = dict(tables.PRIMARY)["C3 rotary: converged SPT − TFS"]
+    assert {s: (round(d, 6), c) for s, (d, c) in tables.contrast(cells, c3).items()} == {
         0: (4.0, "AMD EPYC"), 1: (5.0, "AMD EPYC"), 2: (5.0, "Intel Xeon")}
-    rotary = dict(why.SECONDARY)["rotary: SPT − TFS (the control's arms)"]
-    assert {s: c for s, (_, c) in why.contrast(cells, rotary).items()} == dict.fromkeys((0, 1, 2), "AMD EPYC")
-    assert set(why.contrast(cells, c3, "Intel Xeon")) == {2}, "per CPU model: only that model's pairs"
+    rotary = dict(tables.SECONDARY)["rotary: SPT − TFS (the control's arms)"]
+    assert {s: c for s, (_, c) in tables.contrast(cells, rotary).items()} == dict.fromkeys((0, 1, 2), "AMD EPYC")
+    assert set(tables.contrast(cells, c3, "Intel Xeon")) == {2}, "per CPU model: only that model's pairs"
     script("summarize").main(["--runs", str(study), "--out", str(tmp_path / "out")])
     summary = (tmp_path / "out" / "summary.md").read_text()
     row = rows_of(summary, "C3 rotary: converged SPT − TFS")[0]

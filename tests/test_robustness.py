@@ -19,14 +19,16 @@ import pytest
 import torch
 
 import denoise
-import heads
 import lra_data
 from lra.listops import generate_listops
 from lra.pathfinder import generate_pathfinder
-import steps
+from lab import steps
 import train
 from conftest import TINY, records, run
-from tools import hardware
+from lab import hardware
+from lab import presets
+import models
+import objectives
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,7 +117,8 @@ def test_two_nodes_of_one_process_each_train_exactly_as_one_process(data_dir, tm
 
 
 GRADIENT_PROBE = textwrap.dedent("""
-    import sys, torch, steps, train
+    import sys, torch, train
+    from lab import steps
     seen = []
     guard = steps.guard_step
     def spy(state, *a):                   # the gradient the optimiser is about to use, first step only
@@ -147,7 +150,8 @@ def test_ddp_gradient_equals_the_one_process_gradient_of_the_global_batch(data_d
 
 
 FINITE_PROBE = textwrap.dedent("""
-    import sys, torch, torch.distributed as dist, steps
+    import sys, torch, torch.distributed as dist
+    from lab import steps
     from types import SimpleNamespace
     dist.init_process_group("gloo")
     rank, said = dist.get_rank(), []
@@ -199,7 +203,7 @@ def test_three_ddp_processes_with_a_global_batch_of_50_train_as_one_process(data
 
 
 def test_a_paper_presets_accumulation_is_per_process_and_halves_under_two_processes(monkeypatch):
-    from tools import memory
+    from lab import memory
     monkeypatch.setattr(memory, "card_memory", lambda device: (80 * 2**30, 80 * 2**30))     # an 80 GB card
     counts = {}
     for world in (1, 2):
@@ -212,7 +216,7 @@ def test_a_paper_presets_accumulation_is_per_process_and_halves_under_two_proces
 
 
 def test_a_pretraining_batch_that_leaves_a_process_one_example_is_named_at_start_up(monkeypatch):
-    import presets
+    from lab import presets
     monkeypatch.setenv("WORLD_SIZE", "8")
     args, _, _ = train.parse_flags(["--preset", "paper", "--model", "dlr", "--task", "pathx", "--spt"])
     _, notes = presets.apply(args, train.MODELS[args.model])
@@ -453,7 +457,7 @@ def test_resume_of_a_folder_in_use_refuses_without_writing(stopped_run, capsys):
 
 def test_resume_from_another_folder_uses_the_checkpoints_model_config(stopped_run, monkeypatch, capsys):
     # the presets may change between a run and its resume: the weights' own config is the one rebuilt
-    import presets
+    from lab import presets
     values = presets.preset_values
     monkeypatch.setattr(presets, "preset_values", lambda *a: {**values(*a), "dt_max": 0.5})
     results = train.main(["--resume", str(stopped_run)])
@@ -514,8 +518,8 @@ def test_compiled_forward_over_12_raw_lengths_keeps_graphs_per_function_within_b
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(0)
-    meta = dict(model_name="dlr", config=dataclasses.asdict(models.model_config("dlr", "listops", {
-        **models.preset_values("tiny", "dlr", "listops", False), "d_model": 16, "n_layers": 2, "d_state": 16})),
+    meta = dict(model_name="dlr", config=dataclasses.asdict(presets.config_for("dlr", "listops", {
+        **presets.values_for("tiny", "dlr", "listops", False), "d_model": 16, "n_layers": 2, "d_state": 16})),
         head=dict(kind="classifier", n_classes=10, pool="mean", pair=False))
     model = models.build_model(meta)
     eager = copy.deepcopy(model)
@@ -532,7 +536,7 @@ def test_compiled_forward_over_12_raw_lengths_keeps_graphs_per_function_within_b
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f"{mode}, L {n}: compiled != eager")
                 if mode == "train":
                     got.sum().backward()
-    for fn in (heads.Classifier.forward, ssm.SSMLayer.forward):            # the backbone frame: eager
+    for fn in (models.Classifier.forward, ssm.SSMLayer.forward):            # the backbone frame: eager
         entries = len(_debug_get_cache_entry_list(fn.__code__))
         assert 0 < entries <= 2 * len(buckets), f"{fn.__qualname__}: {entries} graphs for {len(buckets)} lengths × 2"
     assert counters["frames"]["total"] == counters["frames"]["ok"], f"frames run eagerly: {dict(counters['frames'])}"
@@ -641,11 +645,11 @@ def test_gradient_accumulation_over_k_micro_batches_equals_one_full_batch(task, 
                  vocab_size=spec.vocab_size if task == "listops" else None,
                  d_input=1 if task == "listops" else 2, norm="layer")
     if objective:
-        model = heads.Denoiser(Model(cfg), 8, heads.n_outputs(task)).double()
+        model = objectives.Denoiser(Model(cfg), 8, objectives.n_outputs(task)).double()
         b = denoise.masked(batch, argparse.Namespace(mask_ratio=0.3),
                            torch.Generator().manual_seed(1), 0.0)
     else:
-        model = heads.Classifier(Model(cfg), 8, spec.n_classes, spec.pool, spec.pair).double()
+        model = models.Classifier(Model(cfg), 8, spec.n_classes, spec.pool, spec.pair).double()
         b = denoise.labelled(batch, None, 0.0, spec.pair)
     b = b._replace(x=b.x.double() if b.x.is_floating_point() else b.x)
     grads = []

@@ -11,6 +11,7 @@ from torch.overrides import TorchFunctionMode
 import dlr
 import models
 import s4
+from lab import presets
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
 import ssm
@@ -244,7 +245,7 @@ def tf32_allowed():
 def paper_kernel(name, task):
     """The SSM kernel of one layer of --preset paper on `task` (S4D: S4's with mode="diag"), float32."""
     model = "dlr" if name == "dlr" else "s4"
-    cfg = models.model_config(model, task, models.preset_values("paper", model, task, False))
+    cfg = presets.config_for(model, task, presets.values_for("paper", model, task, False))
     torch.manual_seed(0)
     return KERNELS[name][1](dataclasses.replace(cfg, **KERNELS[name][4]))
 
@@ -512,7 +513,8 @@ TF32_ACTIONS = {
 TF32_CHILD = r'''
 import argparse, json, os, sys
 import torch
-import ssm, steps
+import ssm
+from lab import steps
 cases = json.loads(sys.stdin.read())
 if os.environ.get("HIDE_NEW_TF32_API"):            # a torch without fp32_precision (< 2.9)
     real = torch.backends.cuda.matmul

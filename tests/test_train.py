@@ -13,13 +13,14 @@ import pytest
 import torch
 
 import denoise
-import heads
 import lra_data
 import models
 from lra.listops import generate_listops
-import steps
+from lab import steps
 import train
 from conftest import records, run
+import objectives
+from lab import presets
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
@@ -124,12 +125,12 @@ def test_tiny_causal_spt_run_with_a_causal_model(model, data_dir, tmp_path):
 
 def test_fine_tuning_starts_from_the_pre_trained_backbone(data_dir, tmp_path, monkeypatch):
     # the classifier's weights right after loading (before any fine-tuning step) must be exactly spt.pt's backbone
-    loaded, load_backbone = {}, heads.load_backbone
+    loaded, load_backbone = {}, models.load_backbone
     def spy(model, state):
         out = load_backbone(model, state)
         loaded.update({k: v.clone() for k, v in model.state_dict().items()})
         return out
-    monkeypatch.setattr(heads, "load_backbone", spy)
+    monkeypatch.setattr(models, "load_backbone", spy)
     results, run_dir = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--epochs", "1",
                            "--pretrain-epochs", "2")
     spt = torch.load(run_dir / "spt.pt", weights_only=True)["model"]
@@ -148,7 +149,7 @@ def test_saved_checkpoint_reloads_to_identical_logits_and_test_accuracy(data_dir
     again, _ = train.load_model(run_dir / "best.pt")
     test = lra_data.load("pathfinder", "test", data_dir)
     x, lengths, y = lra_data.collate([test[i] for i in range(8)])
-    x = heads.model_input(x, "pathfinder")                                     # (B, L, 2)
+    x = models.model_input(x, "pathfinder")                                     # (B, L, 2)
     with torch.no_grad():
         assert torch.equal(model(x, lengths), again(x, lengths)), "two loads of one checkpoint disagree"
     # as train.py picks them
@@ -187,7 +188,7 @@ def test_one_batch_overfits(model):
 def test_param_groups_put_each_parameter_in_exactly_one_group(model):
     Config, Model, ssm_names = train.MODELS[model][:3]
     cfg = Config(d_model=16, n_layers=2, vocab_size=19)
-    net = heads.Classifier(Model(cfg), 16, 10, "mean", pair=False)
+    net = models.Classifier(Model(cfg), 16, 10, "mean", pair=False)
     groups = steps.param_groups(net, 1e-3, 0.05, 1e-4, ssm_names)
     ids = [id(p) for g in groups for p in g["params"]]
     assert len(ids) == len(set(ids)), "a parameter sits in two groups"
@@ -208,7 +209,7 @@ def test_pooling_a_row_without_real_positions_gives_zeros_not_a_pad_or_minus_inf
     h = torch.randn(2, 5, 3)                                                  # (B, L, D)
     lengths = torch.tensor([0, 5])                                            # row 0: no real position at all
     for how in ("mean", "max", "last"):
-        z = heads.pool(h, lengths, how)
+        z = models.pool(h, lengths, how)
         assert torch.equal(z[0], torch.zeros(3)), f"{how} pooling of an empty row gave {z[0].tolist()}"
         assert z.isfinite().all()
 
@@ -219,22 +220,22 @@ def test_pooling_reads_real_positions_only():
     spoiled = h.clone()
     spoiled[0, 3:] = 1e6                                                     # pads of row 0
     for how in ("mean", "max", "last"):
-        assert torch.equal(heads.pool(h, lengths, how), heads.pool(spoiled, lengths, how)), f"{how} pooling reads pads"
-    torch.testing.assert_close(heads.pool(h, lengths, "mean")[0], h[0, :3].mean(0))
+        assert torch.equal(models.pool(h, lengths, how), models.pool(spoiled, lengths, how)), f"{how} pooling reads pads"
+    torch.testing.assert_close(models.pool(h, lengths, "mean")[0], h[0, :3].mean(0))
 
 
 def test_load_backbone_refuses_any_unexpected_difference():
     Config, Model = train.MODELS["dlr"][:2]
     cfg = Config(d_model=8, n_layers=1, d_state=4, vocab_size=19)
-    source = heads.Denoiser(Model(cfg), 8, 19).state_dict()
-    target = heads.Classifier(Model(cfg), 8, 10, "mean", pair=False)
-    dropped, new = heads.load_backbone(target, source)
+    source = objectives.Denoiser(Model(cfg), 8, 19).state_dict()
+    target = models.Classifier(Model(cfg), 8, 10, "mean", pair=False)
+    dropped, new = models.load_backbone(target, source)
     assert dropped == ["denoise_head.bias", "denoise_head.weight"] and new == ["head.bias", "head.weight"]
     missing_one = {k: v for k, v in source.items() if k != "backbone.encoder.weight"}
     with pytest.raises(RuntimeError, match="encoder"):
-        heads.load_backbone(target, missing_one)
+        models.load_backbone(target, missing_one)
     with pytest.raises(RuntimeError, match="extra"):
-        heads.load_backbone(target, {**source, "backbone.extra": torch.zeros(1)})
+        models.load_backbone(target, {**source, "backbone.extra": torch.zeros(1)})
 
 
 def test_init_from_fine_tunes_a_saved_backbone(data_dir, tmp_path):
@@ -266,7 +267,7 @@ def test_metrics_over_batches_equal_metrics_over_everything():
 
 def test_image_targets_are_normalised_values_scored_by_l1_and_r2():
     x = torch.randint(0, 256, (2, 1024), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    value, target = heads.clean_input(x, "image")
+    value, target = lra_data.clean_input(x, "image")
     assert torch.equal(value, target) and target.dtype == torch.float32, "Image targets are the normalised values"
     t, ones = target[0], torch.ones(1024)                                     # (L,) float
     stats = lambda pred: denoise.statistics(pred, t, denoise.losses(pred, t), ones)
@@ -274,12 +275,12 @@ def test_image_targets_are_normalised_values_scored_by_l1_and_r2():
     mean = denoise.metrics(stats(torch.full((1024, 1), t.mean().item())))
     assert perfect["loss"] < 1e-6 and abs(perfect["r2"] - 1) < 1e-6, f"perfect prediction scored {perfect}"
     assert abs(mean["r2"]) < 1e-4, f"predicting the mean must give R² ≈ 0, got {mean['r2']:.4f}"
-    assert heads.n_outputs("pathfinder") == 256 and heads.n_outputs("image") == 1
+    assert objectives.n_outputs("pathfinder") == 256 and objectives.n_outputs("image") == 1
 
 
 def test_pathfinder_targets_are_grey_levels_and_inputs_are_scaled_to_plus_minus_one():
     x = torch.randint(0, 256, (2, 1024), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
-    value, target = heads.clean_input(x, "pathfinder")
+    value, target = lra_data.clean_input(x, "pathfinder")
     assert target.dtype == torch.long and torch.equal(target, x.long()), "Pathfinder targets are grey levels 0..255"
     torch.testing.assert_close(value, x.float() / 255 * 2 - 1)
 
@@ -313,7 +314,7 @@ def test_residual_stream_dtype_is_the_same_on_a_pixel_and_a_token_task_under_aut
     # the pixel encoder is a Linear (autocast: bf16), the token encoder an Embedding (float32): both must give one dtype
     seen = {}
     for task, x in (("pathfinder", torch.randn(2, 32, 2)), ("listops", torch.randint(4, 19, (2, 32)))):
-        cfg = models.model_config(model, task, dict(d_model=16, n_layers=2, d_state=8, n_heads=2, d_ff=32,
+        cfg = presets.config_for(model, task, dict(d_model=16, n_layers=2, d_state=8, n_heads=2, d_ff=32,
                                                    dropout=0.0))
         net = train.MODELS[model].build(cfg)
         dtypes = []

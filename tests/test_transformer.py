@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from conftest import records, run
 from lra.listops import generate_listops
-from tools import provenance
+from lab import provenance
 from transformer import (POSITIONS, SSM_PARAMS, Transformer, TransformerConfig, attention, block_local_attention,
                          key_mask, rotary_angles, rotate, sinusoidal_embedding)
 
@@ -338,8 +338,10 @@ def test_default_spt_run_logs_what_the_code_before_pos_logged(tmp_path):
     got = [(r["phase"], r["train_loss"], r["val_loss"], r["val_acc"]) for r in records(run_dir) if "val_acc" in r]
     assert json.loads((run_dir / "config.json").read_text())["config"]["pos"] == "rotary"
     same_machine = (provenance.machine(torch.device("cpu"))["cpu"], torch.__version__) == BEFORE_POS["machine"]
-    if same_machine:
-        assert got == BEFORE_POS["spt_run"], f"the default Transformer's run changed: {got}"
+    if same_machine:       # one float32 rounding of a validation sum apart at most (seen on an AMD EPYC, 2026-12-07:
+        # the last fine-tuning val_loss, 2.376742362976074 against the record's 2.376742124557495), the rest exact
+        assert [g[:2] + g[3:] for g in got] == [b[:2] + b[3:] for b in BEFORE_POS["spt_run"]], got
+        assert [g[2] for g in got] == pytest.approx([b[2] for b in BEFORE_POS["spt_run"]], rel=1.2e-7, abs=0), got
     else:
         assert [g[0] for g in got] == [b[0] for b in BEFORE_POS["spt_run"]]
         flat = lambda rows: [v for row in rows for v in row[1:]]                        # noqa: E731 (approx: flat)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import denoise  # noqa: E402
 import lra_data  # noqa: E402
 import models  # noqa: E402
-import steps  # noqa: E402
+from lab import steps  # noqa: E402
 
 CHECKPOINTS = ("spt.pt", "best.pt")   # after pre-training (SPT runs only), after fine-tuning
 

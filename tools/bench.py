@@ -1,19 +1,19 @@
-"""bench.py: how fast and how big the three models are, and the GPU check that ships with the repo.
+"""tools/bench.py: how fast and how big the three models are, and the GPU check that ships with the repo.
 speed:   one layer of each (forward + backward) at growing L, its SSM kernel alone, whole training
          steps of the presets; time ∝ L^p fitted over ≥ 3 lengths (p ≈ 1 for an FFT convolution,
          ≈ 2 for full attention); the kernels with and without exact float32 matmuls
          (tools/speed.py)
 memory:  --memory: the estimated peak of every --preset paper step, checked against real CPU steps
-         (tools/memory.py)
+         (lab/memory.py)
 eval:    --eval-cache: an evaluation pass at PathX's paper configuration with the SSM kernels
          computed per batch (before) and once per pass (now) (tools/speed.py)
 check:   --gpu-check: TF32 state, kernels against float64, the main command under sync debug
          mode, the largest presets' memory, fused attention, --compile, the SPT batch, within
          --minutes of the process's start (tools/gpu_check.py)
-usage:   python bench.py [--quick] [--device cuda] [--precision bf16] [--out runs/bench.json]
-         python bench.py --memory [--out ...]
-         python bench.py --eval-cache [--eval-batches 4] [--eval-batch 2] [--out ...]
-         python bench.py --device cuda --gpu-check --out-dir DIR [--minutes 8]
+usage:   python tools/bench.py [--quick] [--device cuda] [--precision bf16] [--out runs/bench.json]
+         python tools/bench.py --memory [--out ...]
+         python tools/bench.py --eval-cache [--eval-batches 4] [--eval-batch 2] [--out ...]
+         python tools/bench.py --device cuda --gpu-check --out-dir DIR [--minutes 8]
 Check: tests/test_bench.py, tests/test_gpu_check.py.
 """
 import os
@@ -45,11 +45,13 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # the repo: python tools/bench.py from anywhere
 import lra_data  # noqa: E402
-from presets import at_least, in_range  # noqa: E402  (train.py's flag types)
-from tools import checked, memory, speed  # noqa: E402
-from tools.hardware import check_device  # noqa: E402
-from tools.memory import device_type  # noqa: E402
+from lab import memory  # noqa: E402
+from lab.hardware import check_device  # noqa: E402
+from lab.memory import device_type  # noqa: E402
+from tools import checked, speed  # noqa: E402
+from tools.checked import at_least, in_range  # noqa: E402  (train.py's flag types)
 
 PRESETS = ["tiny", "small", "paper"]
 
@@ -114,7 +116,7 @@ def parse_args(argv=None):
          help=f"fit over L ≥ this ({speed.FULL['fit_from']})")
     flag("--out", default="runs/bench.json",
          help="JSON results; the markdown tables go next to it (.md)")
-    p.error = lambda message: fail(f"{message} (python bench.py --help lists the flags)")
+    p.error = lambda message: fail(f"{message} (python tools/bench.py --help lists the flags)")
     args = p.parse_args(argv)
     for key, value in (speed.QUICK if args.quick else speed.FULL).items():
         setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
@@ -152,7 +154,7 @@ def check_args(args):
                  f"(.md); pass a .json name, e.g. {out.with_suffix('.json')}")
         for path in (out, out.with_suffix(".md")):
             if not checked.owned(path):
-                fail(f"--out {args.out}: {path} exists and bench.py did not write it (it is not "
+                fail(f"--out {args.out}: {path} exists and tools/bench.py did not write it (it is not "
                      f"in {path.parent / checked.MANIFEST}); it is left untouched: move it away "
                      f"or pass another --out")
 
@@ -202,8 +204,8 @@ def main(argv=None):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        checked.write_owned(out, json.dumps(res, indent=1), "bench.py")
-        checked.write_owned(out.with_suffix(".md"), text + "\n", "bench.py")
+        checked.write_owned(out, json.dumps(res, indent=1), "tools/bench.py")
+        checked.write_owned(out.with_suffix(".md"), text + "\n", "tools/bench.py")
     except checked.NotOwned as e:                   # made by someone while we measured
         fail(str(e))
     except OSError as e:

@@ -1,4 +1,4 @@
-"""tools/checked.py: the guards every command-line tool of the repo shares (train.py, lra_data.py, bench.py,
+"""tools/checked.py: the guards every command-line tool of the repo shares (train.py, lra_data.py, tools/bench.py,
 results/*.py, tools/*.py), so that bad input is one line and no user's file is lost.
 numbers:  argparse types that parse, range-check and refuse NaN and ±inf (a value that passes "> 0" as inf does
           would start a run that can only fail): number, at_least, in_range, seed
@@ -117,6 +117,22 @@ def read_records(log, fix):
         except json.JSONDecodeError:
             continue
     return records
+
+
+def read_checkpoint(path, device="cpu"):
+    """torch.load of a train.py checkpoint (weights only: plain data, no code) -> its dict; ValueError (one line)
+    if empty, truncated or not one. torch is imported here, so that the tools without torch can import this file."""
+    import torch
+    try:
+        with open(path, "rb") as f:                 # a Python file: a path of any bytes, as the OS gave it
+            ck = torch.load(f, map_location=device, weights_only=True)
+    except Exception as e:                          # truncated, empty, garbage, not plain data
+        raise ValueError(
+            f"{path} is damaged or not a train.py checkpoint ({type(e).__name__})") from None
+    if not isinstance(ck, dict) or not {"model", "config", "model_name", "task"} <= set(ck):
+        raise ValueError(
+            f"{path} is not a train.py checkpoint (no model/config/model_name/task entries)")
+    return ck
 
 
 CONFIG_KEYS = ("args", "config", "head", "model_name", "task")          # what every train.py config.json holds

@@ -1,6 +1,6 @@
-"""tools/gpu_check.py: the GPU check that ships with the repo, `python bench.py --device cuda --gpu-check --out-dir D`,
-made to bring its numbers back from one lent window. --minutes (default 8: a 15-minute lease less the machine's start) counts from the start
-of the process, imports included, and the check ends a margin before it. Each part, when it ends, refreshes the three
+"""tools/gpu_check.py: the GPU check that ships with the repo, `python tools/bench.py --device cuda --gpu-check --out-dir D`,
+made to bring its numbers back from one lent window. --minutes (default 8: a 15-minute lease less the machine's
+start) counts from the start of the process, imports included, and the check ends a margin before it. Each part, when it ends, refreshes the three
 files of --out-dir (default: a new temporary folder, never the repo): summary.md (per part: measured / failed with its
 error's line / skipped with why, and the deadline kept), results.json (every part's numbers) and check.tar.gz (the
 parts' JSON and logs and the run folders' logs): three files, no folders, as a lent machine returns them. SIGTERM
@@ -12,7 +12,7 @@ parts, in order:
   main      (c) 20 steps of the main command (--model dlr --task pathx --spt, paper preset, generated images) under
                 torch.cuda.set_sync_debug_mode("error"): step time, peak memory
   largest   (d) one training step of the three largest paper presets by memory estimate, peak allocated / reserved
-                against the plan's estimate (tools/memory.plan_phase)
+                against the plan's estimate (lab/memory.plan_phase)
   attention (e) the paper Transformer's attention at PathX's length under SDPA limited to flash / memory-efficient
   compile   (f) --compile: graphs compiled, frames that fell back to eager, graph breaks
   spt_batch (g) the SPT batch the preset really uses in (c), against the preset's
@@ -29,6 +29,7 @@ import os
 import shutil
 import tarfile
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,20 +39,23 @@ from pathlib import Path
 import torch
 
 import lra_data
-import models
 import ssm
-import steps
-import train
+from lab import steps
 from lra import pathfinder
-from tools import checked, hardware, memory, speed
-from tools.gpu_summary import summary_lines
-from tools.memory import device_type, memory_mib
+from tools import checked, speed
+from lab import hardware, memory
+from tools.gpu_summary import last_lines, logged, summary_lines
+from lab.memory import device_type, memory_mib
+from lab import presets
 
 OUTPUTS = ("summary.md", "results.json", "check.tar.gz")   # all --out-dir gets (a lent machine returns 8 files)
 MARGIN_S = 15                  # the check ends this long before --minutes (writing summary.md takes well under 1 s)
 # images per second per core of the generator (results/generator_speed.txt, measured on a CPU here): how long the
 # images of a part take on this machine's cores is predicted from these before it starts
 IMAGES_PER_CORE_S = {"pathfinder": 265.0, "pathx": 17.0}
+
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class OutOfTime(BaseException):    # BaseException, as KeyboardInterrupt: train.py's `except Exception` never eats it
@@ -74,46 +78,6 @@ def time_limit(seconds):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-
-
-class Tee:
-    """A stream that writes to `stream` and appends every line to `log_path` as it comes (tqdm's bars: the last
-    state of each), so a part killed mid-way leaves its log on disk."""
-
-    def __init__(self, stream, log_path):
-        self.stream, self.file = stream, open(log_path, "a", buffering=1)
-
-    def write(self, text):
-        self.stream.write(text)
-        self.file.write(text.replace("\r", "\n"))
-        return len(text)
-
-    def flush(self):
-        self.stream.flush()
-        self.file.flush()
-
-    def isatty(self):
-        return False
-
-
-@contextlib.contextmanager
-def logged(log_path):
-    """stdout and stderr of the block, also into log_path."""
-    out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = Tee(out, log_path), Tee(err, log_path)
-    try:
-        yield
-    finally:
-        sys.stdout.file.close(), sys.stderr.file.close()
-        sys.stdout, sys.stderr = out, err
-
-
-def last_lines(log_path, n=40):
-    """The last n non-empty lines of a part's log."""
-    if not Path(log_path).is_file():
-        return []
-    return [line for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()][-n:]
-
 
 
 # Sizes per --check-scale (tiny: the same path on a CPU in seconds).
@@ -159,11 +123,11 @@ class Check:
         happens next, this part is on disk."""
         self.parts[name] = part
         body = dict(machine=self.machine, scale=self.args.check_scale, **part)
-        checked.write_owned(self.work / f"{name}.json", json.dumps(body, indent=1, default=str), "bench.py --gpu-check")
+        checked.write_owned(self.work / f"{name}.json", json.dumps(body, indent=1, default=str), "tools/bench.py --gpu-check")
         checked.write_owned(self.out / "results.json", json.dumps(dict(machine=self.machine, scale=self.args.check_scale,
                                                                        parts=self.parts), indent=1, default=str),
-                            "bench.py --gpu-check")
-        checked.write_owned(self.out / "summary.md", "\n".join(summary_lines(self)) + "\n", "bench.py --gpu-check")
+                            "tools/bench.py --gpu-check")
+        checked.write_owned(self.out / "summary.md", "\n".join(summary_lines(self)) + "\n", "tools/bench.py --gpu-check")
 
         def archive(tmp):
             with tarfile.open(tmp, "w:gz") as tar:
@@ -172,7 +136,7 @@ class Check:
                 for f in sorted((self.work / "runs").rglob("*")) if (self.work / "runs").is_dir() else []:
                     if f.is_file() and f.suffix in (".txt", ".jsonl", ".json"):
                         tar.add(f, arcname=str(f.relative_to(self.work)))
-        checked.write_owned(self.out / "check.tar.gz", archive, "bench.py --gpu-check")
+        checked.write_owned(self.out / "check.tar.gz", archive, "tools/bench.py --gpu-check")
 
 
 def attempt(check, name, fn, need_s):
@@ -260,7 +224,7 @@ def kernels_part(check):
         kernel = speed.paper_kernel(name, "pathx", check.args.device)
         if check.scale["kernel_size"]:
             model, fields = speed.KERNELS[name]
-            cfg = dataclasses.replace(models.model_config(model, "pathx", models.preset_values(
+            cfg = dataclasses.replace(presets.config_for(model, "pathx", presets.values_for(
                 "paper", model, "pathx", False)), **fields, **check.scale["kernel_size"])
             kernel = type(kernel)(cfg).to(check.args.device)
         params = lambda k: [p for p in k.parameters() if p.requires_grad]      # noqa: E731
@@ -295,7 +259,7 @@ def main_flags(check, steps_, extra=()):
     """train.py's flags of the main command for `steps_` SPT and as many fine-tuning steps, one epoch each, the
     preset's own batches (part g reads the SPT batch back; tiny: fine-tuning batch 4) -> (flags, images needed)."""
     extra = [*check.scale["main_extra"], *extra]
-    values = {**models.preset_values("paper", "dlr", "pathx", True), **check.scale["size"]}
+    values = {**presets.values_for("paper", "dlr", "pathx", True), **check.scale["size"]}
     if "--batch-size" in extra:
         values["batch_size"] = int(extra[extra.index("--batch-size") + 1])
     n_train = steps_ * max(values["batch_size"], values["pretrain_batch_size"])
@@ -307,13 +271,35 @@ def main_flags(check, steps_, extra=()):
     return [str(f) for f in flags], max(-(-n_train * 10 // 8), 10 * max_eval, 20)
 
 
+RUN_MAIN = """import json, sys
+import train
+from lab import hardware
+from lab.memory import memory_mib
+hardware.COMPILE_BACKEND = sys.argv[2]              # the check's backend for --compile
+memory_mib(sys.argv[1], "now", reset=True)
+res = train.main(sys.argv[3:])
+peak = {k: memory_mib(sys.argv[1], k) for k in ("peak", "reserved_peak")}
+print("RESULT " + json.dumps(dict(results=res, peak=peak), default=str), flush=True)
+"""
+
+
 def run_main(check, flags, n):
-    """train.main(flags) on generated PathX images -> (results, config.json, log.jsonl records, peak MiB); its
-    checkpoints deleted."""
+    """train.main(flags) on generated PathX images in a process of its own (nothing imports train.py) -> (results,
+    config.json, log.jsonl records, peak MiB); its checkpoints deleted. Its one-line error is raised here (SystemExit);
+    a stop (OutOfTime, Ctrl-C) ends the process first."""
     make_images(check, "pathx", n)
-    memory_mib(check.args.device, "now", reset=True)
-    res = train.main(flags)
-    peak = {k: memory_mib(check.args.device, k) for k in ("peak", "reserved_peak")}
+    child = subprocess.Popen([sys.executable, "-c", RUN_MAIN, check.args.device, hardware.COMPILE_BACKEND, *flags], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = child.communicate()
+    except BaseException:
+        child.kill(), child.wait()
+        raise
+    found = [line[len("RESULT "):] for line in out.splitlines() if line.startswith("RESULT ")]
+    if child.returncode or not found:
+        raise SystemExit((err.strip().splitlines() or [f"train.py exited {child.returncode}"])[-1])
+    done = json.loads(found[-1])
+    res, peak = done["results"], done["peak"]
     run_dir = Path(res["run_dir"])
     for name in ("spt.pt", "best.pt", "last.pt"):                   # the run's own checkpoints: this run made them
         (run_dir / name).unlink(missing_ok=True)
@@ -352,7 +338,7 @@ def sync_debug_mode(mode):
 
 
 def largest_presets(n=3):
-    """The n (model, task, phase) of the largest paper-preset steps in results/memory.json (bench.py --memory)."""
+    """The n (model, task, phase) of the largest paper-preset steps in results/memory.json (tools/bench.py --memory)."""
     rows = json.loads((Path(__file__).resolve().parents[1] / "results" / "memory.json").read_text())["memory"]
     return [(r["model"], r["task"], r["phase"]) for r in sorted(rows, key=lambda r: -r["bf16_gib"])[:n]]
 
@@ -364,7 +350,7 @@ def largest_part(check):
     precision = training_precision(check)
     budget = (memory.card_budget(device)[0] if check.cuda() else memory.HEADROOM * memory_mib("cpu", "free") * 2**20)
     for model_name, task, phase in largest_presets():
-        values = {**models.preset_values("paper", model_name, task, phase == "spt"), **check.scale["largest_size"]}
+        values = {**presets.values_for("paper", model_name, task, phase == "spt"), **check.scale["largest_size"]}
         batch = values["pretrain_batch_size" if phase == "spt" else "batch_size"]
         L = check.scale["largest_L"] or max(hardware.padded_lengths(task))
         plan = memory.plan_phase(memory.Phase(model_name, task, values, phase, L, precision), batch, budget)
@@ -396,7 +382,7 @@ def attention_part(check):
     training precision with SDPA limited to the flash and memory-efficient kernels: if the fused path is not taken,
     torch raises (no math fallback)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    values = models.preset_values("paper", "transformer", "pathx", False)
+    values = presets.values_for("paper", "transformer", "pathx", False)
     L, B = check.scale["attention_L"], check.scale["attention_batch"]
     extra = {} if check.scale["attention_L"] >= 16384 else dict(local_min_len=L // 2, block_size=L // 4)
     build, forward = memory.training_case("transformer", "pathx", {**values, **extra}, "finetune", B, L)
@@ -421,7 +407,6 @@ def compile_part(check):
     old = hardware.COMPILE_BACKEND
     hardware.COMPILE_BACKEND = check.scale["compile_backend"]
     try:
-        torch._dynamo.reset()
         res, config, records, peak = run_main(check, flags, n)
     finally:
         hardware.COMPILE_BACKEND = old
@@ -436,7 +421,7 @@ def spt_batch_part(check):
     main = check.parts.get("main", {})
     if main.get("status") != "ok":
         raise RuntimeError("needs part main (c)")
-    preset = models.preset_values("paper", "dlr", "pathx", True)["pretrain_batch_size"]
+    preset = presets.values_for("paper", "dlr", "pathx", True)["pretrain_batch_size"]
     if main["pretrain_batch_size"] != preset:
         raise RuntimeError(f"the main command pre-trained with batch {main['pretrain_batch_size']}, preset {preset}")
     return dict(pretrain_batch_size=main["pretrain_batch_size"], preset=preset, spt_s_per_step=main["spt_s_per_step"])

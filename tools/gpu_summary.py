@@ -1,8 +1,51 @@
-"""tools/gpu_summary.py: summary.md of the GPU check (tools/gpu_check.py): per part measured / failed / skipped, the
-deadline kept, then each part's numbers as tables. Check: tests/test_gpu_check.py."""
+"""tools/gpu_summary.py: what the GPU check (tools/gpu_check.py) leaves: each part's log as it comes (logged), and
+summary.md: per part measured / failed / skipped, the deadline kept, then each part's numbers as tables.
+Check: tests/test_gpu_check.py."""
+import contextlib
+import sys
 import time
+from pathlib import Path
 
-from tools.memory import table
+from lab.memory import table
+
+
+class Tee:
+    """A stream that writes to `stream` and appends every line to `log_path` as it comes (tqdm's bars: the last
+    state of each), so a part killed mid-way leaves its log on disk."""
+
+    def __init__(self, stream, log_path):
+        self.stream, self.file = stream, open(log_path, "a", buffering=1)
+
+    def write(self, text):
+        self.stream.write(text)
+        self.file.write(text.replace("\r", "\n"))
+        return len(text)
+
+    def flush(self):
+        self.stream.flush()
+        self.file.flush()
+
+    def isatty(self):
+        return False
+
+
+@contextlib.contextmanager
+def logged(log_path):
+    """stdout and stderr of the block, also into log_path."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = Tee(out, log_path), Tee(err, log_path)
+    try:
+        yield
+    finally:
+        sys.stdout.file.close(), sys.stderr.file.close()
+        sys.stdout, sys.stderr = out, err
+
+
+def last_lines(log_path, n=40):
+    """The last n non-empty lines of a part's log."""
+    if not Path(log_path).is_file():
+        return []
+    return [line for line in Path(log_path).read_text(errors="replace").splitlines() if line.strip()][-n:]
 
 
 def summary_lines(check):
@@ -11,7 +54,7 @@ def summary_lines(check):
     m, parts = check.machine, check.parts
     MARGIN_S = check.margin_s
     used = (time.time() - check.started) / 60
-    lines = [f"# bench.py --gpu-check: {m['cpu']}", "",
+    lines = [f"# tools/bench.py --gpu-check: {m['cpu']}", "",
              f"device {m['cpu']} ({check.args.device}, {m['gpu_memory_mib']:.0f} MiB, {m['cores']} CPU cores) | "
              f"torch {m['torch']} (CUDA {m['cuda']}) | commit {m['commit']} | `{m['command']}` | scale "
              f"{check.args.check_scale}", "",

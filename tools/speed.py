@@ -1,4 +1,4 @@
-"""tools/speed.py: what bench.py measures for speed: one layer of each model (forward + backward) and its SSM kernel
+"""tools/speed.py: what tools/bench.py measures for speed: one layer of each model (forward + backward) and its SSM kernel
 alone at growing length L, the kernels' cost of exact float32 matmuls (TF32 off), whole training steps of train.py's
 presets; time per step at fixed B ∝ L^p, least squares over ≥ 3 lengths: p ≈ 1 for L log L (FFT convolution,
 block-local attention), p ≈ 2 for full attention; the DLR kernel's GFLOP/s next to the machine's own matmul.
@@ -19,16 +19,17 @@ import models
 import ssm
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
-from tools import provenance
-from tools.memory import device_type, memory_mib, simulated_peak, table, training_case
+from lab import provenance
+from lab.memory import device_type, memory_mib, simulated_peak, table, training_case
 from transformer import Transformer, TransformerConfig
+from lab import presets
 
 LAYERS = ["transformer-full", "transformer-local", "s4-nplr", "s4-diag", "dlr"]
 # --quick is the same measurement with fewer lengths and shorter timing; flags given explicitly win over both.
 FULL = dict(lengths=[1024, 4096, 8192, 16384, 65536], max_tokens=4096, min_time=1.0, max_reps=5,
             presets=["tiny", "paper"], fit_from=4096)
 QUICK = dict(lengths=[2048, 4096, 8192], max_tokens=2048, min_time=0.2, max_reps=2, presets=["tiny"], fit_from=2048)
-# the other settings of a measurement (bench.py's flags of the same names)
+# the other settings of a measurement (tools/bench.py's flags of the same names)
 DEFAULTS = dict(device="cpu", precision="fp32", batch=4, d_model=128, d_state=64, dlr_state=1024, n_heads=4,
                 models=LAYERS, task="pathfinder", train_batch=None, kernel_precision=False, max_step_seconds=60.0)
 FIT_POINTS = 3                # two points fit any power exactly: an exponent needs at least three lengths
@@ -36,7 +37,7 @@ W_BLOCK = TransformerConfig.block_size                                    # bloc
 
 
 def settings(quick=True, **given):
-    """The settings of a measurement without bench.py's command line: DEFAULTS, then QUICK (or FULL), then `given`."""
+    """The settings of a measurement without tools/bench.py's command line: DEFAULTS, then QUICK (or FULL), then `given`."""
     return argparse.Namespace(**{**DEFAULTS, **(QUICK if quick else FULL), **given})
 
 
@@ -178,7 +179,7 @@ def fit_exponent(rows, name, fit_from):
 def train_step(model_name, preset, args):
     """One whole training step (forward, cross-entropy, backward, AdamW) of a train.py preset's classifier on a random
     full-length batch of args.task: the step whose memory the estimate counts."""
-    values, L = models.preset_values(preset, model_name, args.task, spt=False), lra_data.TASKS[args.task].max_len
+    values, L = presets.values_for(preset, model_name, args.task, spt=False), lra_data.TASKS[args.task].max_len
     B = args.train_batch or max(1, min(values["batch_size"], args.max_tokens // L))
     build, forward = training_case(model_name, args.task, values, "finetune", B, L)
     torch.manual_seed(0)
@@ -205,7 +206,7 @@ def eval_pass(args, task="pathx", batches=4, batch=2, size=None):
     the largest output difference."""
     rows, L = [], lra_data.TASKS[task].max_len
     for model_name in ("s4", "dlr"):
-        values = {**models.preset_values("paper", model_name, task, spt=False), **(size or {})}
+        values = {**presets.values_for("paper", model_name, task, spt=False), **(size or {})}
         torch.manual_seed(0)
         model = training_case(model_name, task, values, "finetune", batch, L)[0]().to(args.device).eval()
         xs = [torch.randn(batch, L, model.backbone.cfg.d_input, device=args.device) for _ in range(batches)]
@@ -234,7 +235,7 @@ def eval_pass(args, task="pathx", batches=4, batch=2, size=None):
 
 
 def eval_pass_lines(rows):
-    """The markdown of `python bench.py --eval-cache`."""
+    """The markdown of `python tools/bench.py --eval-cache`."""
     return ["Evaluation pass (eval mode, no_grad) of the --preset paper classifier on random full-length inputs: SSM "
             "kernels computed in every forward (before) vs once per pass (ssm.SSMLayer.kernel_of, now). The saving "
             "grows with the batches in a pass (PathX: 20,000 validation examples of the 200,000 generated, at batch 64: 313 batches).", "",
@@ -254,7 +255,7 @@ def machine_info(argv, args):
     return dict(cpu=torch.cuda.get_device_name(args.device) if gpu else cpu, cores=os.cpu_count(),
                 torch_threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), load=[round(x, 2) for x in os.getloadavg()],
-                torch=torch.__version__, commit=provenance.git_commit(), command=" ".join(["python bench.py", *argv]))
+                torch=torch.__version__, commit=provenance.git_commit(), command=" ".join(["python tools/bench.py", *argv]))
 
 
 
@@ -296,7 +297,7 @@ KERNELS = {"s4-nplr": ("s4", dict(mode="nplr")), "s4-diag": ("s4", dict(mode="di
 def paper_kernel(name, task, device):
     """One layer's SSM kernel of --preset paper on `task` (S4D: S4's with mode="diag"), float32, on device."""
     model, fields = KERNELS[name]
-    cfg = models.model_config(model, task, models.preset_values("paper", model, task, False))
+    cfg = presets.config_for(model, task, presets.values_for("paper", model, task, False))
     torch.manual_seed(0)
     Kernel = S4Kernel if model == "s4" else DLRKernel
     return Kernel(type(cfg)(**{**cfg.__dict__, **fields})).to(device)
