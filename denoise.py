@@ -461,3 +461,23 @@ def rtd_metrics(total):
     n, gen = max(t["n"], 1e-12), t["loss_gen"] / max(t["n_gen"], 1e-12)
     return {"loss": gen + t["weighted_disc"] / n, "acc": t["correct"] / n, "gen_loss": gen,
             "disc_loss": t["loss_disc"] / n}
+
+
+if __name__ == "__main__":      # python denoise.py: one masked-denoising batch, as SPT sees it
+    PAD, MASK, EOS = 0, 1, 2                                   # lra/files.py's special ids (a test checks them)
+    text = [b"never train from scratch", b"self pre-training"]
+    L = max(len(t) for t in text) + 1
+    ids = torch.full((len(text), L), PAD)                     # (B, L): bytes + 4, then EOS, then pads
+    for i, t in enumerate(text):
+        ids[i, :len(t)] = torch.tensor(list(t)) + 4
+        ids[i, len(t)] = EOS
+    lengths = torch.tensor([len(t) + 1 for t in text])        # (B,) with the EOS
+    clean = Clean(ids, ids, lengths, lengths - 1, lengths, MASK)
+    b = masked_batch(clean, torch.Generator().manual_seed(0), 0.0, mask_ratio=0.15)
+    show = lambda row: "".join("_" if v == MASK else "·" if v in (PAD, EOS) else chr(v - 4) for v in row.tolist())
+    for i in range(len(text)):
+        print(f"input  {show(b.x[i])!r}")
+        print(f"target {show(b.target[i])!r}")
+        print(f"loss reads positions {b.weight[i].nonzero().flatten().tolist()} (weight 1; every other 0)")
+    print(f"masked {int(b.weight.sum())} of {int(clean.content.sum())} content positions (mask ratio 0.15, "
+          f"at least one a row; never a pad or the EOS)")

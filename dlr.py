@@ -107,3 +107,8 @@ def DLR(cfg):
     forward(inputs (B, L) tokens or (B, L, d_input) floats, lengths (B,) or None)
     -> (B, L, H) features."""
     return SSMBackbone(cfg, DLRKernel)
+
+
+if __name__ == "__main__":      # python dlr.py: the convolution kernel against the recurrence, in a second
+    from ssm import show_kernel
+    show_kernel(DLRKernel, DLRConfig(d_model=4, d_state=16, bidirectional=False))

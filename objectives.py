@@ -50,13 +50,6 @@ def n_outputs(task):
     return spec.vocab_size if spec.kind == "tokens" else (1 if task == "image" else 256)
 
 
-def n_outputs(task):
-    """Width of the denoising head: V token ids, 256 grey levels (Pathfinder/PathX), or 1 normalised
-    value (Image)."""
-    spec = lra_data.TASKS[task]
-    return spec.vocab_size if spec.kind == "tokens" else (1 if task == "image" else 256)
-
-
 class Flag(NamedTuple):
     default: object
     type: Callable | None       # argparse type: parses, checks the range (one line if it is not)
@@ -186,6 +179,16 @@ OBJECTIVES = {                  # the first entry is --objective's default
         "replaced-token detection (ELECTRA)", model=rtd_model, loss=denoise.rtd_batch_loss,
         metrics=denoise.rtd_metrics, backbone=denoise.discriminator_backbone, refuse=rtd_refuse),
 }
+
+
+def batch_functions(phase, task, objective=None, flags=None):
+    """(prepare, loss, metrics) of a phase's batches, the one batch path: "spt": objective's corruption (bound to its
+    flags, a dict), its loss and metrics; "finetune": the clean input with the labels (denoise.labelled), the one
+    loss and its metrics. train.py's step and the memory plan (lab/memory.py) both take them from here."""
+    if phase == "spt":
+        entry = OBJECTIVES[objective]
+        return entry.bound("prepare", flags), entry.loss, entry.metrics
+    return partial(denoise.labelled, pair=lra_data.TASKS[task].pair), denoise.batch_loss, denoise.metrics
 
 
 def fill_defaults(args, run):

@@ -244,3 +244,8 @@ def S4(cfg):
     forward(inputs (B, L) tokens or (B, L, d_input) floats, lengths (B,) or None)
     -> (B, L, H) features."""
     return SSMBackbone(cfg, S4Kernel)
+
+
+if __name__ == "__main__":      # python s4.py: the convolution kernel against the recurrence, in a second
+    from ssm import show_kernel
+    show_kernel(S4Kernel, S4Config(d_model=4, d_state=16, bidirectional=False))

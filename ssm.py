@@ -458,3 +458,33 @@ class SSMBackbone(nn.Module):
         for layer in self.layers:
             u = layer(u, lengths)                                               # (B, L, H)
         return apply_norm(self.norm, u, pad_mask(lengths, u.size(1), u.device))  # (B, L, H)
+
+
+# ------------------------------------------------------------------------------------ the kernel files' demo
+
+def show_kernel(Kernel, cfg, L=64):
+    """What `python s4.py` and `python dlr.py` show in a second on a CPU: the kernel K = (C B̄, C Ā B̄, C Ā² B̄, ...)
+    that the convolution uses, checked against the recurrence x_k = Ā x_{k−1} + B̄ u_k, y_k = C x_k run step by step
+    (Kernel.step), in float64 on a random input (S4 §2.3: the two views of one SSM). cfg: the kernel's config
+    (unidirectional). Prints K's shape and the largest |y_conv − y_rec|; returns that difference (float)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        kernel = Kernel(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    with torch.no_grad():
+        K = kernel(L)                                                        # (H, L)
+        u = torch.randn(2, cfg.d_model, L, dtype=torch.float64)              # (B, H, L)
+        y_conv = fft_conv(u, K)                                              # (B, H, L)
+        x, ys = kernel.initial_state(2), []
+        for t in range(L):
+            y_t, x = kernel.step(u[..., t], x)                               # (B, H)
+            ys.append(y_t)
+        y_rec = torch.stack(ys, -1)                                          # (B, H, L)
+    error = (y_conv - y_rec).abs().max().item()
+    print(f"{type(kernel).__name__}: kernel K of shape {tuple(K.shape)} (H channels, L = {L} lags), "
+          f"K[0, :4] = {[round(v, 4) for v in K[0, :4].tolist()]}")
+    print(f"convolution (FFT) against the recurrence, float64: max |y_conv − y_rec| = {error:.1e}")
+    return error

@@ -216,7 +216,7 @@ def pretrain(run, splits, resume):
     spt = run.with_meta(head=objectives.spt_head(args.objective, flags))
     phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size,
                   args.pretrain_accum_steps, "spt.pt", "loss",
-                  objective.bound("prepare", flags), objective.loss, objective.metrics,
+                  *objectives.batch_functions("spt", args.task, args.objective, flags),
                   args.pretrain_patience)
     return run_phase(phase, build_model(spt.meta).to(run.device), spt, splits, resume)
 
@@ -259,9 +259,8 @@ def run_both_phases(run, classifier, splits, resume, init_ck):
         seconds["spt"] = spt["seconds"]
     if (args.spt or args.init_from) and not resuming_ft:    # else last.pt holds the whole state
         load_pretrained(classifier, run, init_ck)
-    labels = partial(denoise.labelled, pair=lra_data.TASKS[args.task].pair)
     phase = Phase("finetune", args.epochs, args.lr, args.batch_size, args.accum_steps, "best.pt",
-                  "acc", labels, denoise.batch_loss, denoise.metrics)
+                  "acc", *objectives.batch_functions("finetune", args.task))
     ft = run_phase(phase, classifier, run.with_meta(spt=spt), splits,
                    resume if resuming_ft else None)
     seconds["finetune"], t_test = ft["seconds"], time.time()

@@ -355,3 +355,20 @@ class Transformer(nn.Module):
         for layer in self.layers:
             h = layer(h, lengths, angles)                                       # (B, L, D)
         return self.norm(h)                                                     # (B, L, D)
+
+
+if __name__ == "__main__":      # python transformer.py: rotary scores depend on the offset n − m only
+    torch.manual_seed(0)
+    L, hs = 12, 8
+    q, k = torch.randn(hs, dtype=torch.float64), torch.randn(hs, dtype=torch.float64)   # one query, one key
+    angles = rotary_angles(L, hs)                                                        # (L, hs/2)
+    qs, ks = rotate(q.expand(L, hs), angles), rotate(k.expand(L, hs), angles)          # (L, hs) each
+    scores = qs @ ks.T                                                                   # (L, L): q_m · k_n
+    along = max((scores.diagonal(d) - scores.diagonal(d)[0]).abs().max().item() for d in range(-L + 1, L))
+    print(f"rotary: the same q and k placed at every position; scores q_m·k_n ({L}×{L}) by offset n − m:")
+    print("  " + "  ".join(f"{d:+d}: {scores.diagonal(d)[0].item():+.3f}" for d in range(-3, 4)))
+    print(f"largest spread along any diagonal (same offset, other positions): {along:.1e}")
+    code = sinusoidal_embedding(L, hs)                                                   # (L, hs)
+    absolute = (q + code) @ (k + code).T                                                 # added to the input
+    spread = max((absolute.diagonal(d) - absolute.diagonal(d)[0]).abs().max().item() for d in range(-L + 1, L))
+    print(f"sinusoidal (added to the input instead): the spread along a diagonal is {spread:.2f}")

@@ -125,40 +125,47 @@ def simulated_peak(build, forward, precision):
     return sum(p.numel() for p in model.parameters()), sum(p.nbytes for p in model.parameters()), counter.peak
 
 
-def training_case(model_name, task, values, phase, B, L):
-    """(build, forward) of one training step of train.py's model on a random batch of full length L: classifier +
-    cross-entropy (finetune), or denoising head at every position + its loss on the masked ones (spt). Token tasks
-    take the padded path (lengths given, all real: the larger case), pixel tasks are never padded (lengths None).
+def training_case(model_name, task, values, phase, B, L, objective=None, flags=None):
+    """(build, forward) of one training step of train.py's model on a random clean batch of full length L, through
+    the step's own functions (objectives.batch_functions: the objective's corruption and loss for spt, the labelled
+    batch and the one loss for finetune), so the estimate holds the run's own objective (rtd: its generator too).
+    objective, flags: the run's --objective and its flags (default: the first objective, its defaults). Token tasks
+    take the padded path (lengths given, all real: the larger case), pixel tasks are never padded (padded None).
     Retrieval: two documents per example, so 2·B sequences."""
-    spec, cfg, n_out = lra_data.TASKS[task], presets.config_for(model_name, task, values), objectives.n_outputs(task)
-    default = next(iter(objectives.OBJECTIVES))                  # --objective's default, the paper's
-    flags = {k: f.default for k, f in objectives.OBJECTIVES[default].flags.items()}
-    head = (objectives.spt_head(default, flags) if phase == "spt" else
+    spec, cfg = lra_data.TASKS[task], presets.config_for(model_name, task, values)
+    objective = objective or next(iter(objectives.OBJECTIVES))                  # --objective's default, the paper's
+    run = objectives.Run(task, False, lambda **changes: dataclasses.replace(cfg, **changes),
+                         models.MODELS[model_name].build)
+    flags = {k: v if v is not None or f.derive is None else f.derive(run)      # unset: as train.py fills it in
+             for k, f in objectives.OBJECTIVES[objective].flags.items() for v in [(flags or {}).get(k, f.default)]}
+    head = (objectives.spt_head(objective, flags) if phase == "spt" else
             dict(kind="classifier", n_classes=spec.n_classes, pool=spec.pool, pair=spec.pair))
     meta = dict(model_name=model_name, task=task, config=dataclasses.asdict(cfg), head=head)
+    prepare, loss, _ = objectives.batch_functions(phase, task, objective, flags)
 
     def forward(model):
         device, rows = next(model.parameters()).device, 2 * B if spec.pair else B
-        shape = (B, 2, L) if spec.pair and phase == "finetune" else (rows, L)        # the classifier pairs them
-        x = (torch.randint(4, spec.vocab_size, shape, device=device) if cfg.vocab_size else
-             torch.randn(*shape, cfg.d_input, device=device))                       # ids, or (..., L, 2) pixels
-        lengths = torch.full(shape[:-1], L, device=device) if cfg.vocab_size else None   # (B,), (B, 2), (2B,)
-        if phase == "finetune":
-            y = torch.randint(0, spec.n_classes, (B,), device=device)
-            return denoise.batch_loss(model, denoise.Batch(x, lengths, y, torch.ones(B, device=device)))[0]
-        target = (torch.rand(rows, L, device=device) if n_out == 1 else
-                  torch.randint(0, n_out, (rows, L), device=device))                # (rows, L)
-        weight = (torch.rand(rows, L, device=device) < spec.mask_ratio).float()     # 1 where masked
-        return denoise.batch_loss(model, denoise.Batch(x, lengths, target, weight))[0]   # the training loss itself
+        if spec.kind == "tokens":                                                   # (rows, L) ids, the last an EOS
+            value = torch.randint(lra_data.N_SPECIAL, spec.vocab_size, (rows, L), device=device)
+            target, lengths = value, torch.full((rows,), L, device=device)
+            clean = denoise.Clean(value, target, lengths, lengths - 1, lengths, lra_data.MASK)
+        else:                                                                        # (rows, L) grey levels
+            pixels = torch.randint(0, 256, (rows, L), dtype=torch.uint8, device=device)
+            value, target = lra_data.clean_input(pixels, task)
+            lengths = torch.full((rows,), L, device=device)
+            clean = denoise.Clean(value, target, lengths, lengths, None, lra_data.MASK)
+        clean = clean._replace(labels=torch.randint(0, spec.n_classes, (B,), device=device))
+        gen = torch.Generator(device).manual_seed(0)
+        return loss(model, prepare(clean, gen, 0.0))[0]                             # the training loss itself
     return (lambda: models.build_model(meta)), forward
 
 
-def training_memory(model_name, task, values, phase, B, L, precision):
+def training_memory(model_name, task, values, phase, B, L, precision, objective=None, flags=None):
     """Estimated peak bytes of one training step (see the file header), with its parts. The layers are identical and
     each adds the same bytes at the moment of the peak (its saved activations), so the count is affine in n_layers:
     runs with 1 and 2 layers give it for any number (tests/test_memory.py checks this against the whole model)."""
-    one, two = (simulated_peak(*training_case(model_name, task, {**values, "n_layers": n}, phase, B, L), precision)
-                for n in (1, 2))
+    one, two = (simulated_peak(*training_case(model_name, task, {**values, "n_layers": n}, phase, B, L, objective,
+                                              flags), precision) for n in (1, 2))
     n_params, param_bytes, step = (a + (values["n_layers"] - 1) * (b - a) for a, b in zip(one, two))
     return dict(n_params=n_params, step=step, peak=4 * param_bytes + step)
 
@@ -225,25 +232,27 @@ def card_budget(device):
     return min(free, HEADROOM * total), total
 
 
-def step_estimate(model_name, task, values, phase, B, L, precision):
+def step_estimate(model_name, task, values, phase, B, L, precision, objective=None, flags=None):
     """training_memory(...), memoised (a plan asks for the same step more than once)."""
-    key = (model_name, task, phase, B, L, precision, json.dumps(values, sort_keys=True, default=str))
+    key = (model_name, task, phase, B, L, precision, objective, json.dumps([values, flags], sort_keys=True, default=str))
     if key not in _PEAKS:
-        _PEAKS[key] = training_memory(model_name, task, values, phase, B, L, precision)
+        _PEAKS[key] = training_memory(model_name, task, values, phase, B, L, precision, objective, flags)
     return _PEAKS[key]
 
 
 @dataclasses.dataclass
 class Phase:
     """A phase whose memory is planned: the model (a MODELS name), the task, its preset values (models.preset_values),
-    "spt" or "finetune", the padded length L (tokens; pixels: side²) and train.py's --precision (fp16 counts as bf16,
-    tf32 as fp32)."""
+    "spt" or "finetune", the padded length L (tokens; pixels: side²), train.py's --precision (fp16 counts as bf16,
+    tf32 as fp32), and the run's --objective with its flags (None: the default objective, its defaults)."""
     model_name: str
     task: str
     values: dict
     name: str
     L: int
     precision: str
+    objective: str | None = None
+    flags: dict | None = None
 
 
 def plan_phase(phase, batch, budget, accum_steps=None):
@@ -254,9 +263,9 @@ def plan_phase(phase, batch, budget, accum_steps=None):
     -> dict(phase, batch, L, accum_steps, micro_batch, est_gib, budget_gib, fits)."""
     precision = "bf16" if phase.precision in ("bf16", "fp16") else "fp32"
     case = (phase.model_name, phase.task, phase.values, phase.name)
-    peak = lambda m: step_estimate(*case, m, phase.L, precision)["peak"]                      # noqa: E731
+    peak = lambda m: step_estimate(*case, m, phase.L, precision, phase.objective, phase.flags)["peak"]  # noqa: E731
     if accum_steps is None:
-        whole = step_estimate(*case, batch, phase.L, precision)
+        whole = step_estimate(*case, batch, phase.L, precision, phase.objective, phase.flags)
         accum_steps = 1
         if whole["peak"] > budget:
             # weights, gradients, AdamW's moments stay; the step's activations shrink with the micro-batch: a
@@ -376,8 +385,9 @@ def plan_memory(args, meta, device, world):
             lines.append(f"memory plan {phase}: micro-batch {record[phase]['micro_batch']} × "
                          f"{getattr(args, accum)} accumulation steps (no card: not estimated)")
             continue
-        plan = plan_phase(Phase(args.model, args.task, meta["config"], phase, L, args.precision), rows, budget,
-                          getattr(args, accum))
+        flags = {k: getattr(args, k) for k in objectives.OBJECTIVES[args.objective].flags}  # the run's own objective
+        plan = plan_phase(Phase(args.model, args.task, meta["config"], phase, L, args.precision, args.objective, flags),
+                          rows, budget, getattr(args, accum))
         setattr(args, accum, plan["accum_steps"])
         record[phase] = dict(plan, card_gib=total / 2**30)
         lines.append(f"memory plan {phase}: micro-batch {plan['micro_batch']} × {plan['accum_steps']}"

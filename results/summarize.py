@@ -473,6 +473,8 @@ def write_summary(args, folders, out):
             section, figures = control_section(runs, out, plt, folder.name)
         elif folder.name == "why_spt":
             section, figures = why_spt_tables.section(folder, runs, stats), []
+            if plt and why_spt_tables.length_rows(cells := why_spt_tables.study_cells(folder, runs)):
+                why_spt_tables.plot_length(cells, folder / "spt_length.png", plt)    # the study's figure, beside it
         elif groups:
             section, figures = objectives_section(runs, groups, out, plt, folder.name)
         else:

@@ -187,6 +187,49 @@ def attention_rows(cells):
     return rows
 
 
+def plateau_rows(folder):
+    """Cell p: each plateau run's SPT validation loss per epoch (nats) against the context-free loss of unigram.json,
+    and whether it left the plateau (a loss below PLATEAU_EXIT at any epoch), sorted by (SPT lr, warm-up)."""
+    import why_spt
+    rows, unigram = [], json.loads((folder / "unigram.json").read_text())["cross_entropy_val_nats"]
+    for run in sorted((folder / "plateau").glob("*/results.json")):
+        config = json.loads((run.parent / "config.json").read_text())
+        losses = [json.loads(line)["val_loss"] for line in (run.parent / "log.jsonl").read_text().splitlines()
+                  if line.strip() and json.loads(line).get("phase") == "spt"]
+        a = config["args"]
+        rows.append(((a["pretrain_lr"], a["warmup"]), f"| {a['pretrain_lr']:g} | {a['warmup']} | "
+                     f"{' / '.join(f'{v:.4f}' for v in losses)} | {unigram:.4f} | "
+                     f"{'yes' if min(losses) < why_spt.PLATEAU_EXIT else 'no'} | {run.parent.name} |"))
+    return [row for _, row in sorted(rows)]
+
+
+def length_rows(cells):
+    """SPT length, per seed that ran conv40-rot: test accuracy % after 0 (tfs-rot), 3 (spt-rot), 15 (conv-rot) SPT
+    epochs and at conv40-rot's stop, each on the seed's CPU model (pairing_cpu), with the epochs SPT ran."""
+    rows, arms = [], ["tfs-rot", "spt-rot", "conv-rot", "conv40-rot"]
+    for seed in sorted(cells.get(("transformer", "conv40-rot"), {})):
+        terms = {("transformer", a): 1 for a in arms if seed in cells.get(("transformer", a), {})}
+        cpu = pairing_cpu(cells, {("transformer", "conv40-rot"): 1}, seed)
+        got = {a: cells[("transformer", a)][seed].get(cpu) for a in arms if ("transformer", a) in terms}
+        shown = [f"{100 * got[a]['test']:.1f} ({got[a]['spt_epochs_run'] or 0})" if got.get(a) else "–" for a in arms]
+        rows.append(f"| {seed} | {cpu} | {' | '.join(shown)} |")
+    return rows
+
+
+def plot_length(cells, path, plt):
+    """spt_length.png: test accuracy against the SPT epochs run, a line per seed (tfs-rot at 0, spt-rot, conv-rot,
+    conv40-rot at its stop)."""
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for seed in sorted(cells.get(("transformer", "conv40-rot"), {})):
+        cpu = pairing_cpu(cells, {("transformer", "conv40-rot"): 1}, seed)
+        points = sorted((r["spt_epochs_run"] or 0, 100 * r["test"]) for a in ("tfs-rot", "spt-rot", "conv-rot",
+                        "conv40-rot") if (r := cells.get(("transformer", a), {}).get(seed, {}).get(cpu)))
+        ax.plot(*zip(*points), marker="o", label=f"seed {seed}")
+    ax.set_xlabel("SPT epochs run (0: from scratch)"), ax.set_ylabel("test accuracy %"), ax.legend()
+    ax.set_title("Rotary Transformer, Text: SPT length")
+    fig.tight_layout(), fig.savefig(path, dpi=120), plt.close(fig)
+
+
 def section(folder, runs, stats):
     """The study's part of summary.md: n per cell, the primary contrasts (Holm), the secondary ones, attention."""
     cells = study_cells(folder, runs)
@@ -225,6 +268,17 @@ def section(folder, runs, stats):
                   "same train.py flags; test accuracy of one CPU model − the other's, points:", "",
                   "| arm | CPU models | n | seeds | per seed (points) | mean [95 % interval] |",
                   "|---|---|---|---|---|---|"] + machine
+    plateau = plateau_rows(folder) if (folder / "plateau").is_dir() and (folder / "unigram.json").is_file() else []
+    if plateau:
+        lines += ["", "The sinusoidal plateau (cell p, seed 100, `plateau/`): SPT validation loss per epoch, nats, against "
+                  "the context-free loss (`unigram.json`); it leaves the plateau below 3.0 nats at any epoch:", "",
+                  "| SPT lr | warm-up steps | SPT val loss per epoch | context-free | left | run |",
+                  "|---|---|---|---|---|---|"] + plateau
+    length = length_rows(cells)
+    if length:
+        lines += ["", "SPT length (rotary, per seed): test accuracy % (SPT epochs run) from scratch, after 3 and 15 SPT "
+                  "epochs, and capped at 40 (K = 3):", "", "| seed | CPU | tfs-rot | spt-rot | conv-rot | conv40-rot |",
+                  "|---|---|---|---|---|---|"] + length
     attention = attention_rows(cells)
     if attention:
         n_layers = attention[0].count("uniform")

@@ -141,17 +141,64 @@ def test_the_readme_reading_order_never_uses_a_file_before_it_is_read():
         assert not unread, f"README: {name}.py (item {i + 1}) imports {sorted(unread)}, read later or not at all"
 
 
-def test_the_readme_file_table_gives_each_files_size_to_within_half():
-    """The table says "≈ 360" lines: a reader's sense of size, which stays right when a fork pastes a recipe or two
-    into a file (docs/fork.md), and goes wrong when a file doubles or halves."""
+def test_the_readme_reading_order_gives_each_files_size_to_within_half():
+    """Each step says "(≈ 250 lines)" or "(≈ 250)": a reader's sense of size, which stays right when a fork pastes a
+    recipe or two into a file (docs/fork.md), and goes wrong when a file doubles or halves."""
     readme = (REPO / "README.md").read_text()
-    rows = [line for line in readme.splitlines() if re.match(r"\| `[\w/]+\.py`", line)]
-    assert len(rows) > 10, "README: no file table"
-    for row in rows:
-        files, count = re.findall(r"`([\w/]+\.py)`", row.split(" | ")[0]), int(row.rstrip(" |").split("|")[-1].strip(" ≈"))
-        lines = sum(len((REPO / f).read_text().splitlines()) for f in files)
-        assert count / 1.5 - 20 <= lines <= 1.5 * count + 20, (
-            f"README's file table: {', '.join(files)} has {lines} lines, the table says about {count}")
+    section = readme.split("## Reading the code")[1].split("\n## ")[0]
+    sizes = re.findall(r"`(\w+\.py)` \(≈ (\d+)", section)
+    assert {name for name, _ in sizes} >= {f"{n}.py" for n in THE_CARD}, sizes
+    for name, count in sizes:
+        lines = len((REPO / name).read_text().splitlines())
+        assert int(count) / 1.5 - 20 <= lines <= 1.5 * int(count) + 20, (
+            f"README's reading order: {name} has {lines} lines, it says about {count}")
+
+
+def test_the_readme_is_at_most_200_lines_and_names_no_issue_number():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200, len(readme.splitlines())
+    for path in [REPO / "README.md", *REPO.glob("docs/*.md"), *(f for f in FILES if "results" not in f.parts)]:
+        found = re.findall(r"\b(?:issue|issues) #?\d+|\[[a-z-]+-\d\]", path.read_text())
+        assert not found, f"{path.relative_to(REPO)} names an issue: {found}"
+
+
+FOLDERS = ("lab/", "tools/", "lra/", "results/", "docs/", "tests/")       # the repo's own folders
+
+
+def cited(text):
+    """What a document cites of the repo: paths in its folders (`lab/steps.py`, `results/why_spt/`), bare .py files
+    (`train.py`), and names (`models.MODELS`, `lab/presets.PAPER`) -> (paths, bare files, (module, name) pairs).
+    Placeholders (`<run folder>`, `...`) and a run folder's own files (`config.json`) are not the repo's."""
+    paths, files, names = set(), set(), set()
+    for token in re.findall(r"`([^`\s]+)`", text):
+        if "<" in token or "..." in token or token.startswith(("/", "./")):
+            continue
+        if m := re.fullmatch(r"((?:lab|tools|lra)/\w+|[a-z_]+)\.([A-Za-z_]\w*)", token):
+            if m[2] not in ("py", "md", "json", "png", "txt", "sh", "sbatch", "jsonl", "pt", "gz"):
+                names.add((m[1].replace("/", "."), m[2]))
+                continue
+        if token.startswith(FOLDERS):
+            paths.add(token.rstrip("/"))
+        elif re.fullmatch(r"\w+\.py", token):
+            files.add(token)
+    return paths, files, names
+
+
+def test_every_file_and_name_the_readme_and_docs_cite_exists():
+    import importlib
+    missing = []
+    for doc in [REPO / "README.md", *REPO.glob("docs/*.md")]:
+        text = doc.read_text().split("## Where things moved")[0]        # the table of moves names what has gone
+        paths, files, names = cited(text)
+        for p in sorted(paths):
+            path, _, test = p.partition("::")                           # tests/test_x.py::test_name
+            if not list(REPO.glob(path)) or test and f"def {test}(" not in (REPO / path).read_text():
+                missing.append(f"{doc.name}: {p}")
+        missing += [f"{doc.name}: {f}" for f in sorted(files) if not list(REPO.glob(f"**/{f}"))]
+        for module, name in sorted(names):
+            if module in MODULES and not hasattr(importlib.import_module(module), name):
+                missing.append(f"{doc.name}: {module}.{name}")
+    assert not missing, f"cited but not there: {missing}"
 
 
 def test_no_file_of_the_code_is_over_500_lines():

@@ -92,3 +92,37 @@ def test_an_explicit_accum_steps_is_kept_and_estimated(monkeypatch):
     args, record = planned(monkeypatch, CARDS["80 GB"], "--model", "dlr", "--task", "retrieval", "--accum-steps", "8")
     assert args.accum_steps == 8 and record["finetune"]["micro_batch"] == -(-args.batch_size // 8), record
     assert record["finetune"]["est_gib"] > 0, record
+
+
+@pytest.mark.parametrize("objective,phase", [("masked", "spt"), ("rtd", "spt"), (None, "finetune")])
+def test_the_memory_plan_and_the_training_step_take_their_batch_functions_from_one_place(objective, phase,
+                                                                                         monkeypatch):
+    """One batch path: the memory estimate runs the run's own objective (rtd: its generator too) through the very
+    functions the step calls (objectives.batch_functions), never a copy of a corruption."""
+    import objectives
+    seen, real = [], objectives.batch_functions
+
+    def spy(*a):
+        fns = real(*a)
+        seen.append(fns[:2])
+        return fns
+    monkeypatch.setattr(objectives, "batch_functions", spy)
+    flags = {k: f.default for k, f in objectives.OBJECTIVES[objective].flags.items()} if objective else None
+    values = {**presets.values_for("tiny", "dlr", "listops", phase == "spt"), "d_model": 8, "n_layers": 1,
+              "d_state": 8}
+    build, forward = memory.training_case("dlr", "listops", values, phase, 2, 32, objective, flags)
+    model = build()
+    if objective == "rtd":
+        assert any("generator" in name for name, _ in model.named_modules()), "rtd's generator is in the estimate"
+    calls = []
+    prepare, loss = seen[-1]
+    monkeypatch.setattr(objectives, "batch_functions", lambda *a: (
+        lambda *b, **k: calls.append("prepare") or prepare(*b, **k),
+        lambda *b, **k: calls.append("loss") or loss(*b, **k), real(*a)[2]))
+    forward(model).backward()
+    assert calls == [], "the estimate called its functions before the patch: they were taken once, up front"
+    steps_fns = real(phase, "listops", objective or "masked", flags)[:2]
+    func = lambda f: getattr(f, "func", f)                                          # noqa: E731 (a partial's own)
+    assert func(prepare) is func(steps_fns[0]) and loss is steps_fns[1], (prepare, loss, steps_fns)
+    if phase == "spt":           # an unset flag filled in as train.py fills it: the task's mask ratio
+        assert prepare.keywords["mask_ratio"] == lra_data.TASKS["listops"].mask_ratio, prepare.keywords

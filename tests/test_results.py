@@ -62,13 +62,18 @@ def test_kernel_profile_at_init_is_the_model_train_py_started_from(model, tmp_pa
     assert k["stages"]["spt"] == k["stages"]["init"] == k["stages"]["finetune"]
 
 
-def test_readme_shows_the_control_study_tables_of_the_summary():
+def test_the_control_studys_readme_shows_the_tables_of_the_summary_and_the_readme_its_numbers():
     summary = (RESULTS / "summary.md").read_text()
     control = summary.split("## SPT vs training from scratch")[1].split("### Every cell")[0]
     rows = [line for line in control.splitlines() if line.startswith("| ")]
-    readme = (RESULTS.parent / "README.md").read_text()
+    readme = (RESULTS / "control" / "README.md").read_text()
     missing = [row for row in rows if row not in readme]
-    assert len(rows) > 4 and not missing, f"README's result tables differ from results/summary.md: {missing}"
+    assert len(rows) > 4 and not missing, f"results/control/README.md's tables differ from results/summary.md: {missing}"
+    front = (RESULTS.parent / "README.md").read_text()
+    row = next(line for line in front.splitlines() if line.startswith("| [`results/control/`]"))
+    for model, cell in (("dlr", "+5.1 [+3.6, +6.7]"), ("s4", "+6.1 [+3.0, +9.2]"), ("transformer", "-0.1 [-0.9, +0.8]")):
+        shown = next(line for line in rows if line.startswith(f"| {model}") and "| SPT − TFS-long |" in line)
+        assert cell in shown and cell.replace("-", "−") in row, (model, cell, shown, row)
 
 
 def fake_run(study, name, test, seed=0, objective=None, spt_steps=0, ft_steps=20):
