@@ -473,11 +473,12 @@ if __name__ == "__main__":      # python denoise.py: one masked-denoising batch,
         ids[i, len(t)] = EOS
     lengths = torch.tensor([len(t) + 1 for t in text])        # (B,) with the EOS
     clean = Clean(ids, ids, lengths, lengths - 1, lengths, MASK)
-    b = masked_batch(clean, torch.Generator().manual_seed(0), 0.0, mask_ratio=0.15)
+    ratio = 0.15                                              # p, the Text tasks' mask ratio
+    b = masked_batch(clean, torch.Generator().manual_seed(0), 0.0, mask_ratio=ratio)
     show = lambda row: "".join("_" if v == MASK else "·" if v in (PAD, EOS) else chr(v - 4) for v in row.tolist())
     for i in range(len(text)):
         print(f"input  {show(b.x[i])!r}")
         print(f"target {show(b.target[i])!r}")
         print(f"loss reads positions {b.weight[i].nonzero().flatten().tolist()} (weight 1; every other 0)")
-    print(f"masked {int(b.weight.sum())} of {int(clean.content.sum())} content positions (mask ratio 0.15, "
+    print(f"masked {int(b.weight.sum())} of {int(clean.content.sum())} content positions (mask ratio {ratio}, "
           f"at least one a row; never a pad or the EOS)")

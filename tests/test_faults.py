@@ -446,7 +446,7 @@ def test_every_command_line_tool_refuses_a_bad_flag_in_one_line_with_status_2(sc
         f"{script} {argv}: exit {e.value.code}, stderr {err!r}"
 
 
-# ---- every numeric flag of every tool: finite, in range, at parse time (issue #28, point 4) -------------------------
+# ---- every numeric flag of every tool: finite, in range, at parse time -------------------------
 
 TOOLS = ["train.py", "tools/bench.py", "lra_data.py", "models.py", "results/control.py", "results/kernels.py",
          "results/summarize.py"]
