@@ -70,6 +70,7 @@ def check_config(cfg):
     require(cfg.n_layers >= 1, f"n_layers={cfg.n_layers} must be >= 1")
     require(cfg.d_state >= 1, f"d_state={cfg.d_state} must be >= 1")
     require(0 <= cfg.dropout < 1, f"dropout={cfg.dropout} must be in [0, 1)")
+    require(cfg.ssm_lr > 0, f"ssm_lr={cfg.ssm_lr} must be > 0 (a learning rate; a negative one ascends the loss)")
     require(cfg.norm in ("layer", "batch"), f"norm={cfg.norm!r} must be 'layer' or 'batch'")
     require(cfg.bidirectional or cfg.norm != "batch",
             "norm='batch' with bidirectional=False: BatchNorm statistics "

@@ -23,9 +23,13 @@ from lra.files import EOS, PAD  # noqa: E402
 OUT = Path(__file__).resolve().parent / "why_spt" / "unigram.json"
 
 
-def content_counts(ds):
-    """Token counts of a token-task split's content (every id but PAD and EOS): (V,) int64, V = the largest id + 1."""
+def content_counts(ds, task):
+    """Counts of what SPT may mask in a split of `task`: a token task's ids but PAD and EOS (its padding and end
+    marker), a pixel task's every grey level (pixels have no PAD or EOS: 0 and 2 are grey levels there): (V,) int64,
+    V = the largest value + 1."""
     ids = np.concatenate([ds[i][0].reshape(-1).numpy() for i in range(len(ds))])          # (tokens,) the split's ids
+    if lra_data.TASKS[task].kind != "tokens":
+        return np.bincount(ids)
     return np.bincount(ids[(ids != PAD) & (ids != EOS)])
 
 
@@ -48,7 +52,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     config = json.loads((Path(args.run) / "config.json").read_text())
     splits = lra_data.load_splits(argparse.Namespace(**config["args"]))
-    train, val = content_counts(splits["train"]), content_counts(splits["val"])
+    train, val = content_counts(splits["train"], config["task"]), content_counts(splits["val"], config["task"])
     n = max(len(train), len(val))
     train, val = np.pad(train, (0, n - len(train))), np.pad(val, (0, n - len(val)))
     res = dict(run=Path(args.run).name, task=config["task"], train_examples=len(splits["train"]),

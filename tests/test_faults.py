@@ -917,3 +917,14 @@ def test_a_cache_folder_holding_files_no_cache_holds_is_never_replaced(tmp_path)
     with pytest.raises(DataError, match="holds my_notes.txt, which no cache of this repo holds"):
         lra_data.load("listops", "train", files)
     assert (store / "my_notes.txt").read_text() == "the user's"
+
+
+@pytest.mark.parametrize("model", ["s4", "dlr"])
+def test_a_negative_ssm_learning_rate_is_refused_in_one_line_before_any_folder(model, tmp_path, capsys):
+    # a negative --ssm-lr would train the SSM parameters by gradient ascent, exit 0
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", model, "--task", "listops", "--ssm-lr", "-1", "--data-dir", str(tmp_path),
+                    "--out", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "ssm_lr=-1" in err[0] and "must be > 0" in err[0], err
+    assert not (tmp_path / "runs").exists(), "a run folder was made for a refused run"

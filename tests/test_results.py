@@ -503,3 +503,14 @@ def test_the_committed_unigram_losses_are_the_ones_the_study_data_gives_and_the_
     for doc, keys in cited.items():
         for key in keys:
             assert f"{committed[key]:.2f} nats" in doc.read_text(), f"{doc} does not cite {key} as {committed[key]:.2f} nats"
+
+
+def test_the_context_free_loss_of_a_pixel_task_counts_every_grey_level_pixels_have_no_pad_or_eos():
+    import numpy as np
+    unigram = script("unigram")
+    pixels = [(torch.tensor([0, 2, 2, 5], dtype=torch.uint8), 0), (torch.tensor([0, 1, 2, 5], dtype=torch.uint8), 1)]
+    counts = unigram.content_counts(pixels, "pathfinder")            # grey levels 0 and 2 are pixels, not PAD / EOS
+    assert counts.tolist() == [2, 1, 3, 0, 0, 2], counts
+    tokens = [(torch.tensor([7, 9, 2, 0]), 0)]                        # ids, then EOS (2) and PAD (0)
+    assert unigram.content_counts(tokens, "text").tolist()[7:] == [1, 0, 1], "a token task drops PAD and EOS"
+    assert unigram.unigram_loss(counts) == pytest.approx(-sum(c / 8 * np.log(c / 8) for c in (2, 1, 3, 2)))
