@@ -43,6 +43,23 @@ MODELS = {
     "s4": Model(s4.S4Config, s4.S4, s4.SSM_PARAMS),
     "dlr": Model(dlr.DLRConfig, dlr.DLR, dlr.SSM_PARAMS),
 }
+BUILT_IN = dict(MODELS)         # a fork adds names; one that reassigns these is refused (check_entries)
+
+
+def check_entries(run_flags):
+    """ValueError (one line) where a fork shadows a name: a MODELS entry of a built-in name that is not the built-in
+    one (MODELS["dlr"] = ... silently replaces DLR), an OBJECTIVES entry likewise, or a model knob (a config field)
+    whose flag is a run flag of train.py (run_flags: their names, e.g. "warmup"). MODELS stays a plain dict."""
+    for table, built_in, kind in ((MODELS, BUILT_IN, "MODELS"), (objectives.OBJECTIVES, objectives.BUILT_IN,
+                                                                  "OBJECTIVES")):
+        for name, entry in built_in.items():
+            if table.get(name) is not entry:
+                raise ValueError(f"{kind}[{name!r}] was replaced ({table.get(name)!r:.60}): the built-in {name} "
+                                 f"keeps its name; give the new entry a name of its own, e.g. {kind}[{name + '2'!r}]")
+    for name, (_, _, users) in knobs().items():
+        if name in run_flags:
+            raise ValueError(f"the {', '.join(users)} config field {name!r} has the name of train.py's run flag "
+                             f"--{name.replace('_', '-')}: rename the field")
 
 
 # ---- the model knobs: every config field is a flag of train.py, declared once, in its dataclass ----
@@ -58,7 +75,11 @@ def field_help(Config):
     found = {}
     for cls in reversed([c for c in Config.__mro__ if dataclasses.is_dataclass(c)]):
         name, above = None, []
-        for line in inspect.getsource(cls).splitlines():
+        try:
+            source = inspect.getsource(cls)
+        except (OSError, TypeError):            # no readable source (a class made at run time): no help, same flags
+            continue
+        for line in source.splitlines():
             indent = len(line) - len(line.lstrip())
             if m := re.match(r"\s+(\w+)\s*:[^=#]*=([^#]*)(?:#\s*(.*))?$", line):
                 name, found[m[1]], above = m[1], " ".join([*above, (m[3] or "").strip()]).strip(), []

@@ -79,9 +79,6 @@ def parse_flags(argv):
     flag("--warmup", type=count, default=None, help="linear warm-up steps")
     flag("--schedule", choices=steps.SCHEDULES, default="constant", help="after warm-up: "
          + ", ".join(steps.SCHEDULES))
-    for name, (settings, text, users) in models.knobs().items():   # each model's config fields
-        flag("--" + name.replace("_", "-"), default=None, **settings,
-             help=f"{', '.join(users)}: {text} (default: the preset's, else the config's)")
     flag("--pool", choices=["mean", "max", "last"], default=None, help="default: the task's")
     flag("--data-dir", default="data", help="downloaded files; synthetic tasks generated here")
     flag("--cache-dir", default=None, help="arrays (default: <data-dir>/cache or data/cache)")
@@ -107,6 +104,13 @@ def parse_flags(argv):
     flag("--resume", default=None, help="continue the stopped run in this folder")
     flag("--no-curves", action="store_true", help="no curves.png at the end (lab/curves.py)")
     flag("--log-to", type=loggers.log_to, default=None, help="also log to tensorboard or wandb (optional)")
+    try:                                       # a fork's model or objective may not shadow a name (one line)
+        models.check_entries({a.dest for a in p._actions})
+    except ValueError as e:
+        fail(str(e))
+    for name, (settings, text, users) in models.knobs().items():   # each model's config fields
+        flag("--" + name.replace("_", "-"), default=None, **settings,
+             help=f"{', '.join(users)}: {text} (default: the preset's, else the config's)")
     p.error = lambda message: fail(f"{presets.flag_message(message)} (python train.py --help lists "
                                    f"the flags)")
     args, defaults, unset = p.parse_args(argv), vars(p.parse_args([])), object()

@@ -392,3 +392,35 @@ def test_one_training_step_reads_in_two_files_steps_and_denoise_besides_the_mode
     with capsys.disabled():
         print(f"\n  one step ({' '.join(flags)}): {' + '.join(sorted(trace.step))}; "
               f"the model's forward and the optimiser: {' + '.join(sorted(trace.model))}")
+
+
+# ---- a fork cannot shadow a name -----------------------------------------------------------------------------------
+
+def test_a_fork_that_reassigns_a_built_in_model_or_objective_or_names_a_field_like_a_run_flag_stops_in_one_line(
+        monkeypatch, capsys):
+    import dataclasses
+    cases = [("MODELS['dlr'] replaced", lambda: monkeypatch.setitem(models.MODELS, "dlr", models.MODELS["s4"]),
+              "MODELS['dlr'] was replaced"),
+             ("OBJECTIVES['masked'] replaced", lambda: monkeypatch.setitem(
+                 objectives.OBJECTIVES, "masked", objectives.OBJECTIVES["span"]), "OBJECTIVES['masked'] was replaced")]
+    Warm = dataclasses.make_dataclass("WarmConfig", [("warmup", int, dataclasses.field(default=3))],
+                                      bases=(models.MODELS["dlr"].Config,))     # made at run time: no source either
+    cases.append(("a field named warmup", lambda: monkeypatch.setitem(
+        models.MODELS, "warm", models.Model(Warm, models.MODELS["dlr"].build, set())),
+        "config field 'warmup' has the name of train.py's run flag --warmup"))
+    for what, patch, says in cases:
+        with monkeypatch.context() as m:
+            monkeypatch = m
+            patch()
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as e:
+                train.parse_flags(["--help"])
+            err = capsys.readouterr().err.strip().splitlines()
+            assert e.value.code == 2 and len(err) == 1 and says in err[0], (what, err)
+    # a config class whose source cannot be read still gives its flags (with empty help)
+    Plain = dataclasses.make_dataclass("PlainConfig", [("r_min", float, dataclasses.field(default=0.5))],
+                                       bases=(models.MODELS["dlr"].Config,))
+    with monkeypatch.context() as m:
+        m.setitem(models.MODELS, "plain", models.Model(Plain, models.MODELS["dlr"].build, set()))
+        args, _, _ = train.parse_flags(["--model", "plain", "--r-min", "0.25"])
+        assert args.r_min == 0.25
