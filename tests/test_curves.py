@@ -77,3 +77,27 @@ def test_without_matplotlib_a_run_says_so_in_one_line_and_finishes(data_dir, tmp
     log = (run_dir / "log.txt").read_text()
     assert (run_dir / "results.json").is_file() and not (run_dir / "curves.png").exists()
     assert sum("matplotlib is not installed (pip install matplotlib" in line for line in log.splitlines()) == 1, log
+
+
+def test_curves_never_replace_a_file_of_the_users_and_redraw_their_own(tmp_path):
+    pytest.importorskip("matplotlib")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "log.jsonl").write_text('{"phase": "finetune", "epoch": 1, "step": 5, "train_loss": 0.7, "train_acc": '
+                                       '0.5, "val_loss": 0.69, "val_acc": 0.52}\n')
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"the user's own figure")
+    cli = [sys.executable, "lab/curves.py", str(run_dir)]
+    here = Path(__file__).resolve().parents[1]
+    done = subprocess.run([*cli, "--out", str(mine)], cwd=here, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "mine.png exists and was not written by curves.py" in done.stderr, done.stderr
+    assert mine.read_bytes() == b"the user's own figure", "a file of the user's was replaced"
+    for _ in range(2):                                                  # a resumed run redraws its own figure
+        done = subprocess.run(cli, cwd=here, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and (run_dir / "curves.png").stat().st_size > 1000, done.stderr
+    (run_dir / "curves.png").unlink()
+    (run_dir / "curves.png").write_bytes(b"a figure of the user's, in the run folder")
+    checked_manifest = run_dir / ".outputs"
+    checked_manifest.unlink()                                           # no longer ours
+    done = subprocess.run(cli, cwd=here, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and (run_dir / "curves.png").read_bytes().startswith(b"a figure of the user"), done
