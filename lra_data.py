@@ -355,7 +355,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Read (or generate) one LRA task and cache it; prints "
                                             "source, sizes, label balance and notes on what was "
                                             "skipped or cut.")
-    p.add_argument("--task", choices=TASKS, default="pathfinder", help=", ".join(TASKS))
+    p.add_argument("--task", choices=TASKS, default=None, help=", ".join(TASKS) + " (default: pathfinder; "
+                   "with --check: every task)")
     p.add_argument("--data-dir", default="data",
                    help="downloads: lra_release/ unpacked, aclImdb, CIFAR-10")
     p.add_argument("--generate", type=checked.at_least(10), default=None,
@@ -380,11 +381,12 @@ def main(argv=None):
     for flag, path in (("--data-dir", args.data_dir), ("--cache-dir", args.cache_dir)):
         if path and Path(path).exists() and not Path(path).is_dir():
             p.error(f"{flag} {path} is a file, not a folder")
+    checking, args.task = args.task, args.task or "pathfinder"        # --check without --task: every task
     if args.speed and args.task not in PATHFINDER_TASKS:
         p.error(f"--speed measures the Pathfinder generator: use it with "
                 f"--task {' / '.join(PATHFINDER_TASKS)}")
     if args.check:                              # reads only: no cache, nothing generated
-        return lra_check.main(args.data_dir, args.difficulty)
+        return lra_check.main(args.data_dir, args.difficulty, [checking] if checking else None)
     if args.speed:
         res = TASKS[args.task].side
         contour_length = DIFFICULTIES[args.difficulty].contour_length

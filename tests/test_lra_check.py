@@ -189,3 +189,13 @@ def test_a_run_on_a_short_release_split_names_the_shortfall_in_console_log_and_r
     assert any(n.startswith(note) for n in results["data_notes"]), results["data_notes"]
     assert f"data note: {note}" in capsys.readouterr().out
     assert f"data note: {note}" in (run_dir / "log.txt").read_text()
+
+
+def test_check_with_a_task_reports_that_task_only(tmp_path):
+    write_listops(tmp_path / "listops-1000", check.EXPECTED["listops"].release)
+    command = [sys.executable, "lra_data.py", "--check", "--data-dir", str(tmp_path)]
+    only = subprocess.run([*command, "--task", "text"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert only.returncode == 2 and "found no LRA task's files" in only.stdout, only.stdout   # text is not there
+    assert "listops" not in only.stdout, f"--task text reported another task:\n{only.stdout}"
+    listops = subprocess.run([*command, "--task", "listops"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert listops.returncode == 0 and "listops: complete" in listops.stdout and "text" not in listops.stdout.lower()
