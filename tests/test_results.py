@@ -3,6 +3,7 @@ run folders, studies never share a cell, the objectives tables pair SPT and TFS 
 profile is the model train.py really started from."""
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -346,12 +347,14 @@ def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keys_a_run_by_its_
     why_folder(out, "done-s0", cmd(0, "--epochs", "9"), "AMD EPYC", "results.json")             # finished
     why_folder(out, "cut-s0", cmd(0, "--spt", "--epochs", "9"), "AMD EPYC", "last.pt")          # resumable
     why_folder(out, "early-s0", cmd(0, "--pos", "none", "--epochs", "9"), "AMD EPYC")           # no evaluation yet
+    why_folder(out, "noted-s0", cmd(0, "--pos", "learned", "--epochs", "9"), "AMD EPYC", "notes.txt")   # the user's
     why_folder(out, "intel-s1", cmd(1, "--epochs", "9"), "Intel Xeon", "results.json")          # finished elsewhere
     why_folder(control, "ctl-s2", cmd(2, "--epochs", "9"), "AMD EPYC", "results.json", "best.pt")  # reusable here
     why_folder(control, "ctl-s2-later", cmd(2, "--epochs", "9"), "Intel Xeon", "results.json")  # same flags, Intel
     why_folder(control, "ctl-s3", cmd(3, "--epochs", "9"), "Intel Xeon", "results.json")        # other CPU: rerun
     jobs = [("done", cmd(0, "--epochs", "9")), ("cut", cmd(0, "--spt", "--epochs", "9")),
-            ("early", cmd(0, "--pos", "none", "--epochs", "9")), ("s1", cmd(1, "--spt", "--epochs", "9")),
+            ("early", cmd(0, "--pos", "none", "--epochs", "9")), ("noted", cmd(0, "--pos", "learned", "--epochs", "9")),
+            ("s1", cmd(1, "--spt", "--epochs", "9")),
             ("s1-intel", cmd(1, "--epochs", "9")), ("s2", cmd(2, "--epochs", "9")), ("s3", cmd(3, "--epochs", "9")),
             ("s4-s1", why.command("s4", 1, ["--epochs", "9"], args))]
     said = []
@@ -359,10 +362,12 @@ def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keys_a_run_by_its_
     assert (out / "early-s0").is_dir() and not (out / "ctl-s2").exists(), "a dry run changed the disk"
     todo = why.plan(jobs, out, "AMD EPYC", control, log=said.append)
     # a seed whose other runs ran on an Intel Xeon runs here too, and so does a flag set finished only there
-    assert [(n, f.name if f else None) for n, _, f in todo] == [("cut", "cut-s0"), ("early", None), ("s1", None),
+    assert [(n, f.name if f else None) for n, _, f in todo] == [("cut", "cut-s0"), ("early", None), ("noted", None),
+                                                             ("s1", None),
                                                              ("s1-intel", None), ("s3", None), ("s4-s1", None)]
     assert [n for n, _, _ in dry] == [n for n, _, _ in todo]
     assert not (out / "early-s0").exists(), "a run stopped before its first evaluation is started again"
+    assert os.listdir(out / "noted-s0") == ["notes.txt"], "a user's file in a stopped run folder was deleted"
     assert json.loads((out / "ctl-s2" / "reused.json").read_text())["reused_from"].endswith("ctl-s2")
     assert not (out / "ctl-s2" / "best.pt").exists(), "a reused run brings no checkpoint"
     assert not (out / "ctl-s2-later").exists(), "the reused run is this CPU model's, not the later folder"
