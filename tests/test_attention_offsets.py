@@ -93,3 +93,22 @@ def test_a_run_folder_gives_attention_json_for_spt_and_best(tmp_path):
             assert math.isclose(sum(map(sum, layer["mass_by_offset"])), len(layer["mean_distance"]), rel_tol=1e-6)
     assert (tmp_path / "cell.png").stat().st_size > 1000
 
+
+
+def test_a_run_whose_data_has_moved_is_refused_in_one_line_and_nothing_is_generated_in_its_place(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    generate_listops(data, 200, 40, 40, min_length=30, max_length=200)
+    _, run_dir = run(data, tmp_path / "runs", "--model", "transformer", "--task", "listops", "--epochs", "1")
+    data.rename(tmp_path / "moved")
+    data.mkdir()                                                  # the old place exists, empty: nothing may appear
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        ao.main([str(run_dir)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("attention_offsets.py: error: the run's data"), err
+    assert list(data.iterdir()) == [], "substitute data was generated at the run's old data folder"
+    for bad in (["--batch-size", "0"], ["--max-examples", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            ao.main([str(run_dir), *bad])
+        assert e.value.code == 2 and bad[0] in capsys.readouterr().err

@@ -27,6 +27,7 @@ import denoise  # noqa: E402
 import lra_data  # noqa: E402
 import models  # noqa: E402
 from lab import steps  # noqa: E402
+from tools import checked  # noqa: E402  (checked flags)
 
 CHECKPOINTS = ("spt.pt", "best.pt")   # after pre-training (SPT runs only), after fine-tuning
 
@@ -116,7 +117,7 @@ def analyse(backbone, batches):
 def validation_batches(ck, batch_size=16, max_examples=0, device="cpu"):
     """The run's validation split (its own data settings, config.json's args), clean (no SPT masking), as
     (x, lengths) batches of the classifier's input; pairs (Retrieval) as 2B single documents."""
-    args = argparse.Namespace(**ck["args"])
+    args = argparse.Namespace(**{**ck["args"], "generate": 0})    # the run's own data, never a generated substitute
     val = lra_data.load_splits(args)["val"]
     if max_examples:
         val = torch.utils.data.Subset(val, range(min(max_examples, len(val))))
@@ -200,11 +201,16 @@ def plot(results, path, labels=None):
 def main(argv=None):
     p = argparse.ArgumentParser(description="Attention mass and mean distance by offset |i − j| of Transformer runs.")
     p.add_argument("runs", nargs="+", help="run folders holding best.pt (and spt.pt after SPT)")
-    p.add_argument("--max-examples", type=int, default=0, help="validation examples to read (0: all)")
-    p.add_argument("--batch-size", type=int, default=16, help="validation examples a batch")
+    p.add_argument("--max-examples", type=checked.at_least(0), default=0, help="validation examples to read (0: all)")
+    p.add_argument("--batch-size", type=checked.at_least(1), default=16, help="validation examples a batch")
     p.add_argument("--plot", default=None, help="a .png of all the runs' profiles")
+    p.error = lambda m: (print(f"attention_offsets.py: error: {checked.flag_message(m)}", file=sys.stderr),
+                         sys.exit(2))
     args = p.parse_args(argv)
-    results = [analyse_run(folder, args.max_examples, args.batch_size) for folder in args.runs]
+    try:
+        results = [analyse_run(folder, args.max_examples, args.batch_size) for folder in args.runs]
+    except lra_data.DataError as e:                 # the run's data moved or gone: refused, never substituted
+        p.error(f"the run's data: {e}")
     for r in results:
         print("\n".join(summary_lines(r)))
     if args.plot:
