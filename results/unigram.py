@@ -18,6 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import lra_data  # noqa: E402
+from tools import checked  # noqa: E402  (checked flags, outputs over our own files only)
 from lra.files import EOS, PAD  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "why_spt" / "unigram.json"
@@ -48,8 +49,12 @@ def unigram_loss(train, other=None, smoothing=0.0):
 def main(argv=None):
     p = argparse.ArgumentParser(description="The context-free masked-denoising loss of a run's data (nats).")
     p.add_argument("run", help="a run folder: its config.json's data settings are read")
-    p.add_argument("--out", default=str(OUT), help="where to write the numbers (json)")
+    p.add_argument("--out", default=None, help=f"also write the numbers there (json; e.g. {OUT.relative_to(OUT.parents[2])}"
+                   "), over a file of this tool's only (default: print them)")
+    p.error = lambda m: (print(f"unigram.py: error: {checked.flag_message(m)}", file=sys.stderr), sys.exit(2))
     args = p.parse_args(argv)
+    if args.out and not checked.owned(args.out):                # a file of the user's: never replaced
+        p.error(f"--out {args.out} exists and unigram.py did not write it: it is left untouched; pass another name")
     config = json.loads((Path(args.run) / "config.json").read_text())
     splits = lra_data.load_splits(argparse.Namespace(**config["args"]))
     train, val = content_counts(splits["train"], config["task"]), content_counts(splits["val"], config["task"])
@@ -59,7 +64,8 @@ def main(argv=None):
                val_examples=len(splits["val"]), train_tokens=int(train.sum()), val_tokens=int(val.sum()),
                entropy_train_nats=unigram_loss(train), cross_entropy_val_nats=unigram_loss(train, val, smoothing=1.0),
                val_tokens_unseen_in_train=int(val[train == 0].sum()))
-    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+    if args.out:
+        checked.write_owned(args.out, json.dumps(res, indent=1) + "\n", "unigram.py")      # whole or not at all
     print(json.dumps(res, indent=1))
 
 

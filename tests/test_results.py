@@ -519,3 +519,13 @@ def test_the_context_free_loss_of_a_pixel_task_counts_every_grey_level_pixels_ha
     tokens = [(torch.tensor([7, 9, 2, 0]), 0)]                        # ids, then EOS (2) and PAD (0)
     assert unigram.content_counts(tokens, "text").tolist()[7:] == [1, 0, 1], "a token task drops PAD and EOS"
     assert unigram.unigram_loss(counts) == pytest.approx(-sum(c / 8 * np.log(c / 8) for c in (2, 1, 3, 2)))
+
+
+def test_unigram_writes_only_where_asked_and_never_over_a_file_of_the_users(tmp_path, capsys):
+    unigram = script("unigram")
+    mine = tmp_path / "mine.json"
+    mine.write_text("the user's notes")
+    with pytest.raises(SystemExit) as e:
+        unigram.main([str(tmp_path), "--out", str(mine)])
+    assert e.value.code == 2 and "mine.json exists and unigram.py did not write it" in capsys.readouterr().err
+    assert mine.read_text() == "the user's notes"

@@ -16,6 +16,7 @@ Check: tests/test_attention_offsets.py (local attention gives δ = 0 or 1, unifo
 """
 import argparse
 import json
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -145,7 +146,12 @@ def analyse_run(folder, max_examples=0, batch_size=16):
                          "results/why_spt.py does)")
     result = dict(run=folder.name, pos=pos, spt=bool(ck["args"]["spt"]), seed=ck["args"]["seed"],
                   checkpoints=found)
-    (folder / "attention.json").write_text(json.dumps(result, indent=1) + "\n")
+    tmp = folder / "attention.json.tmp"                  # whole or not at all: a full disk leaves the old file
+    try:
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        os.replace(tmp, folder / "attention.json")
+    finally:
+        tmp.unlink(missing_ok=True)
     return result
 
 
