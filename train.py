@@ -373,6 +373,11 @@ def main(argv=None):
     runs.stop_on_sigterm()                          # a scheduler's SIGTERM is a Ctrl-C
     checked.console_as_os_bytes()                   # a path of any bytes prints as the OS gave it
     args, cfg, notes, resume, lock = settle(argv)
+    if why := loggers.probe(args.log_to):          # an optional part fails here, before any run folder
+        if not resume:
+            fail(why)
+        log(None, f"note: {why}; the resumed run continues without --log-to")
+        args.log_to = None
     device, world = hardware.setup_device(args)        # also --precision and --workers
     data = prepare_data(args)                       # before any collective (DDP start-up)
     device = hardware.join_process_group(device, world)

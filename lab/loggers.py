@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import netrc
 import os
 from pathlib import Path
 
@@ -33,6 +34,28 @@ def log_to(text):
 
 
 log_to.rule = "tensorboard or wandb"                          # --help (presets.FlagHelp)
+
+
+def probe(kind):
+    """None, or one line why --log-to `kind` cannot run on this machine, said at start-up before any run folder
+    exists: its package fails to import (installed but broken), or wandb is online with no login (no WANDB_API_KEY,
+    no api.wandb.ai entry in ~/.netrc) and WANDB_MODE is not offline or disabled."""
+    if kind is None:
+        return None
+    try:
+        importlib.import_module("torch.utils.tensorboard" if kind == "tensorboard" else "wandb")
+    except Exception as e:                                    # a broken install: ImportError, AttributeError, ...
+        return (f"--log-to {kind}: the {PACKAGES[kind]} package does not import ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:120] if str(e) else ''}); pip install --force-reinstall {PACKAGES[kind]}")
+    if kind == "wandb" and os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun"):
+        try:
+            login = os.environ.get("WANDB_API_KEY") or netrc.netrc().authenticators("api.wandb.ai")
+        except (OSError, netrc.NetrcParseError):
+            login = None
+        if not login:
+            return ("--log-to wandb: not logged in to Weights & Biases: run `wandb login`, or run offline with "
+                    "WANDB_MODE=offline (upload later with `wandb sync`)")
+    return None
 
 
 def scalars(record):

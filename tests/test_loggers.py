@@ -114,3 +114,50 @@ def test_only_rank_0_logs(tmp_path, monkeypatch):
     with loggers.mirror("tensorboard", tmp_path, {}):
         pass
     assert not (tmp_path / "tensorboard").exists()
+
+
+def test_a_logger_that_cannot_run_stops_in_one_line_before_any_run_folder_and_a_resume_goes_on_without_it(
+        data_dir, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("tensorboard", reason="--log-to tensorboard needs it: pip install tensorboard")
+    real = loggers.importlib.import_module
+
+    def broken(name, *a):                    # installed, but its import fails (a half-upgraded package)
+        if name == "torch.utils.tensorboard":
+            raise ImportError("cannot import name 'x' from partially initialized module")
+        return real(name, *a)
+    with monkeypatch.context() as m:
+        m.setattr(loggers.importlib, "import_module", broken)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            run(data_dir, tmp_path / "runs", *FLAGS, "--log-to", "tensorboard")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and "--log-to tensorboard: the tensorboard package does not " \
+            "import" in err[0], err
+        assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "a stub run folder"
+    calls, step = [], steps.guard_step
+
+    def killed(*a):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return step(*a)
+    monkeypatch.setattr(steps, "guard_step", killed)
+    with pytest.raises(SystemExit):
+        run(data_dir, tmp_path / "stopped", *FLAGS, "--log-to", "tensorboard", "--batch-size", "16",
+            "--max-train", "16")
+    monkeypatch.setattr(steps, "guard_step", step)
+    (run_dir,) = (tmp_path / "stopped").iterdir()
+    monkeypatch.setattr(loggers.importlib, "import_module", broken)
+    capsys.readouterr()
+    results = train.main(["--resume", str(run_dir)])           # the package broke meanwhile: go on without it
+    assert results["test_acc"] >= 0 and "the resumed run continues without --log-to" in capsys.readouterr().out
+
+
+def test_wandb_online_without_a_login_stops_in_one_line_before_any_run_folder(monkeypatch, tmp_path, capsys):
+    pytest.importorskip("wandb", reason="--log-to wandb needs it: pip install wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))                  # no ~/.netrc
+    assert "not logged in to Weights & Biases" in loggers.probe("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert loggers.probe("wandb") is None
