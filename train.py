@@ -372,6 +372,7 @@ def build(args, cfg, device, resume):
 def main(argv=None):
     runs.stop_on_sigterm()                          # a scheduler's SIGTERM is a Ctrl-C
     checked.console_as_os_bytes()                   # a path of any bytes prints as the OS gave it
+    hardware.check_ddp_environment()                # WORLD_SIZE, RANK, MASTER_*: one line, before anything
     args, cfg, notes, resume, lock = settle(argv)
     if why := loggers.probe(args.log_to):          # an optional part fails here, before any run folder
         if not resume:

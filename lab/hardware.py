@@ -40,7 +40,7 @@ def setup_device(args):
         device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except ValueError as e:
         fail(f"--device {args.device}: {e}")
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    world = ddp_world(os.environ)                   # checked at start-up (check_ddp_environment)
     args.device = str(device)                       # resolved once, printed, in config.json
     args.precision = precision(args, device)[0]     # resolved once, printed, in config.json
     if args.workers is None:                        # CUDA: loader processes keep the GPU fed
@@ -55,6 +55,43 @@ def setup_device(args):
         except OSError as e:
             fail(f"--out {args.out}: cannot write there ({e.strerror}); pass a writable folder")
     return device, world
+
+
+def ddp_world(env):
+    """The world size a launch's environment (torchrun's, or a manual srun's that sets them all) asks for -> int;
+    ValueError (one line) for one that cannot start, said before the data is prepared: WORLD_SIZE not a positive
+    integer, WORLD_SIZE > 1 without MASTER_ADDR or MASTER_PORT, a port outside 1-65535, RANK or LOCAL_RANK
+    outside the world (a rendezvous that would wait for a process that never comes)."""
+    def integer(name, default):
+        try:
+            return int(env.get(name, default))
+        except ValueError:
+            raise ValueError(f"{name}={env[name]!r} is not an integer") from None
+    world, _, _ = integer("WORLD_SIZE", 1), integer("RANK", 0), integer("LOCAL_RANK", 0)
+    if world < 1:
+        raise ValueError(f"WORLD_SIZE={world} must be at least 1")
+    if world == 1:
+        return 1
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
+    if missing:
+        raise ValueError(f"WORLD_SIZE={world} without {' and '.join(missing)}: launch with torchrun, or unset "
+                         f"WORLD_SIZE (left in the shell?) for one process")
+    if not 1 <= integer("MASTER_PORT", 0) <= 65535:
+        raise ValueError(f"MASTER_PORT={env['MASTER_PORT']} is not a port (1-65535)")
+    for name in ("RANK", "LOCAL_RANK"):
+        if name in env and not 0 <= integer(name, 0) < world:
+            raise ValueError(f"{name}={env[name]} is outside the world of WORLD_SIZE={world} processes (0-{world - 1})")
+    return world
+
+
+def check_ddp_environment():
+    """train.py's first check: ddp_world of this process's environment, or one line on stderr from every process
+    (the rank may be the fault) and exit status 2."""
+    try:
+        ddp_world(os.environ)
+    except ValueError as e:
+        print(f"train.py: error: the DDP environment: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def check_device(text):

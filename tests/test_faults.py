@@ -928,3 +928,23 @@ def test_a_negative_ssm_learning_rate_is_refused_in_one_line_before_any_folder(m
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "ssm_lr=-1" in err[0] and "must be > 0" in err[0], err
     assert not (tmp_path / "runs").exists(), "a run folder was made for a refused run"
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 without MASTER_ADDR and MASTER_PORT"),
+    ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000", "RANK": "0"}, "MASTER_PORT=70000"),
+    ({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "RANK": "3"}, "RANK=3 is outside"),
+    ({"WORLD_SIZE": "two"}, "WORLD_SIZE='two' is not an integer")])
+def test_a_ddp_environment_that_cannot_start_is_one_line_before_the_data_is_prepared(env, says, tmp_path,
+                                                                                  monkeypatch, capsys):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as e:          # before the data: no data folder is even looked at
+        train.main(["--model", "dlr", "--task", "listops", "--data-dir", str(tmp_path), "--out",
+                    str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and says in err[0], err
+    assert [p.name for p in tmp_path.iterdir() if p.name != "runs"] == [], "data was prepared first"
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
