@@ -5,6 +5,7 @@ against what PyTorch sees), --deterministic, --workers, torchrun's process group
 Check: tests/test_robustness.py (devices, DDP start-up, compile bounds), tools/gpu_check.py.
 """
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -41,6 +42,9 @@ def setup_device(args):
     except ValueError as e:
         fail(f"--device {args.device}: {e}")
     world = ddp_world(os.environ)                   # checked at start-up (check_ddp_environment)
+    if getattr(args, "compile", False) and COMPILE_BACKEND == "inductor" and not c_compiler():
+        fail("--compile needs a C/C++ compiler (torch.compile's inductor builds its kernels with one) and none is "
+             "on PATH (CXX, c++, g++, clang++): install one (apt-get install g++) or run without --compile")
     args.device = str(device)                       # resolved once, printed, in config.json
     args.precision = precision(args, device)[0]     # resolved once, printed, in config.json
     if args.workers is None:                        # CUDA: loader processes keep the GPU fed
@@ -138,6 +142,12 @@ def padded_lengths(task, max_len=None):
         return [spec.max_len]
     longest = min(spec.max_len, max_len + 1 if max_len else spec.max_len)  # + EOS
     return sorted({lra_data.bucket_length(n) for n in range(1, longest + 1)})
+
+
+def c_compiler():
+    """The C++ compiler inductor would build with (CXX, else c++, g++ or clang++ on PATH), or None."""
+    return next((found for name in (os.environ.get("CXX"), "c++", "g++", "clang++") if name
+                 for found in [shutil.which(name)] if found), None)
 
 
 def compiled(forward, args):

@@ -948,3 +948,16 @@ def test_a_ddp_environment_that_cannot_start_is_one_line_before_the_data_is_prep
     assert e.value.code == 2 and len(err) == 1 and says in err[0], err
     assert [p.name for p in tmp_path.iterdir() if p.name != "runs"] == [], "data was prepared first"
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_compile_without_a_c_compiler_is_one_line_at_start_up_not_a_failure_in_the_first_step(tmp_path,
+                                                                                            monkeypatch, capsys):
+    from lab import hardware
+    monkeypatch.setattr(hardware.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", "dlr", "--task", "listops", "--compile", "--data-dir", str(tmp_path), "--out",
+                    str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--compile needs a C/C++ compiler" in err[0], err
+    assert [p.name for p in tmp_path.iterdir() if p.name != "runs"] == [], "data was prepared first"
