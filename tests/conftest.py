@@ -64,3 +64,18 @@ def default_dtype(dtype):
         yield
     finally:
         torch.set_default_dtype(old)
+
+
+def interrupt_at_step(monkeypatch, n):
+    """A Ctrl-C at the n-th optimiser step: lab/steps.guard_step patched to raise KeyboardInterrupt there (after
+    n - 1 real steps). Returns the real guard_step, to put back for a resume."""
+    from lab import steps
+    calls, step = [], steps.guard_step
+
+    def stop(*a):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return step(*a)
+    monkeypatch.setattr(steps, "guard_step", stop)
+    return step

@@ -20,7 +20,7 @@ import lra_data
 from lab import runs
 from lab import steps
 import train
-from conftest import TINY, records, run
+from conftest import TINY, interrupt_at_step, records, run
 from lra import files as lra_files
 from lra.files import DataError
 from lra.listops import generate_listops
@@ -328,13 +328,7 @@ def stopped_run(data_dir, tmp_path, monkeypatch):
     run uninterrupted)."""
     from lab import steps
     full, _ = run(data_dir, tmp_path / "full", *FLAGS)
-    calls, step = [], steps.guard_step
-    def stop(*a):                                                    # the 4th optimiser step: fine-tuning epoch 2
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return step(*a)
-    monkeypatch.setattr(steps, "guard_step", stop)
+    step = interrupt_at_step(monkeypatch, 4)                        # the 4th optimiser step: fine-tuning epoch 2
     with pytest.raises(SystemExit):
         run(data_dir, tmp_path / "cut", *FLAGS)
     monkeypatch.setattr(steps, "guard_step", step)

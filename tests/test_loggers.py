@@ -11,7 +11,7 @@ import pytest
 
 from lab import steps
 import train
-from conftest import records, run
+from conftest import interrupt_at_step, records, run
 from lra.listops import generate_listops
 from lab import loggers
 
@@ -64,14 +64,7 @@ def test_tensorboard_events_hold_every_record_of_log_jsonl_at_its_step(data_dir,
 
 def test_a_stopped_and_resumed_run_continues_the_same_tensorboard_curves(data_dir, tmp_path, monkeypatch, capsys):
     pytest.importorskip("tensorboard", reason="--log-to tensorboard needs it: pip install tensorboard")
-    calls, step = [], steps.guard_step
-
-    def killed(*a):                          # a Ctrl-C in fine-tuning epoch 2, after SPT's two evaluations
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return step(*a)
-    monkeypatch.setattr(steps, "guard_step", killed)
+    step = interrupt_at_step(monkeypatch, 4)  # a Ctrl-C in fine-tuning epoch 2, after SPT's two evaluations
     with pytest.raises(SystemExit):
         run(data_dir, tmp_path, *FLAGS, "--log-to", "tensorboard", "--batch-size", "16", "--max-train", "16")
     monkeypatch.setattr(steps, "guard_step", step)
@@ -134,14 +127,7 @@ def test_a_logger_that_cannot_run_stops_in_one_line_before_any_run_folder_and_a_
         assert e.value.code == 2 and len(err) == 1 and "--log-to tensorboard: the tensorboard package does not " \
             "import" in err[0], err
         assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()), "a stub run folder"
-    calls, step = [], steps.guard_step
-
-    def killed(*a):
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return step(*a)
-    monkeypatch.setattr(steps, "guard_step", killed)
+    step = interrupt_at_step(monkeypatch, 4)
     with pytest.raises(SystemExit):
         run(data_dir, tmp_path / "stopped", *FLAGS, "--log-to", "tensorboard", "--batch-size", "16",
             "--max-train", "16")
