@@ -63,7 +63,7 @@ class Clean(NamedTuple):
 
 
 # ---- the corruptions: (clean batch, generator, progress in [0, 1], the objective's flags) -> Batch
-# objectives.py's OBJECTIVES declares each one with its flags, which arrive as keyword arguments.
+# models.py's OBJECTIVES declares each one with its flags, which arrive as keyword arguments.
 # `gen` draws every random number on the device, for the whole global batch, so DDP processes mask
 # as one process would. `progress` (step / steps of the phase) lets an objective follow a schedule;
 # these four keep theirs constant.

@@ -26,10 +26,9 @@ try:
 except ImportError:
     fcntl = None
 
-from lra import cache as lra_cache
+import denoise
 from lra import check as lra_check
 from lra import sources
-from lra.cache import cache_root
 from lra.files import EOS, MASK, N_SPECIAL, PAD, DataError, plural  # noqa: F401  (MASK: the models' inputs)
 from lra.listops import LISTOPS_SYMBOLS
 from lra.pathfinder import DIFFICULTIES, measure_speed
@@ -161,6 +160,22 @@ def collate(batch):
     return x, lengths, y
 
 
+def clean_batch(examples, task):
+    """The loader's collate_fn (on the host, in its workers on CUDA): [(x, label)] of `task` ->
+    denoise.Clean: collate's padded batch, token ids as they are or pixels as normalised
+    values with grey-level (Pathfinder) or value (Image) targets (clean_input), the labels.
+    Retrieval: each document a row of its own (2B rows). padded is None when nothing is padded,
+    decided here on the host, so the step never reads a device value to know."""
+    x, lengths, labels = collate(examples)                  # (B, L) or (B, 2, L)
+    if TASKS[task].pair:
+        x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,)
+    padded = lengths if bool((lengths < x.size(-1)).any()) else None
+    value, target = clean_input(x, task)                           # (B, L) each
+    # content: the positions an objective may mask; a token task's last real token is the EOS
+    content = lengths - 1 if TASKS[task].kind == "tokens" else lengths
+    return denoise.Clean(value, target, lengths, content, padded, MASK, labels)
+
+
 def normalize(x, task):
     """Grey levels (B, L) uint8 -> (B, L) float32: Image standardised by LRA's CIFAR grey mean 122.6
     and std 61, Pathfinder/PathX mapped to [-1, 1]. DataError for a task that is not pixels."""
@@ -249,15 +264,8 @@ def load(task, split, files="data", *, keep=None, data_fraction=1.0, lra_val=Fal
                         f"({'/'.join(DIFFICULTIES)}), data_fraction={data_fraction} (0 < f <= 1), "
                         f"generate={generate} (>= 10)")
     data_dir = Path(files.data_dir)
-    src, source, paths, build = sources.locate(task, TASKS[task], data_dir, difficulty, generate,
-                                               files.workers)
-    name = f"{task}-{difficulty}" if task in PATHFINDER_TASKS else task
-    store = cache_root(data_dir, files.cache_dir) / (
-        f"{name}-{hashlib.sha1(os.fsencode(src.resolve())).hexdigest()[:10]}")
-    need = len(paths) * TASKS[task].max_len if task in PATHFINDER_TASKS else None  # PathX: 3.3 GB
-    sizes, notes = lra_cache.cached(store, src.resolve(), lra_cache.stamp(src, paths), build, need)
-    notes = notes + sources.count_note(task, src, sizes, generate, difficulty)
-    notes = notes + lra_check.shortfall_note(task, sizes, src, difficulty)   # a cut download
+    src, source, store, sizes, notes = sources.prepare(task, TASKS[task], data_dir, files.cache_dir, difficulty,
+                                                       generate, files.workers)
     part, index = _split(task, split, sizes, lra_val)
     if len(index) == 0:
         raise DataError(f"{task}: the {split} split read from {src} is empty; check the files "
@@ -350,7 +358,7 @@ def _cut_count(store, part, index, max_len, pair):
 
 
 def main(argv=None):
-    from lab import runs                                    # the command line's plumbing only
+    from lab import run as runs                             # the command line's plumbing only
     from tools import checked
     p = argparse.ArgumentParser(description="Read (or generate) one LRA task and cache it; prints "
                                             "source, sizes, label balance and notes on what was "

@@ -7,18 +7,17 @@ phase 2:         the same backbone + a fresh pooled classifier learn the labels;
     python train.py --model dlr --task pathx --spt                       # paper preset on a GPU
     python train.py --resume runs/<run folder>                           # continue a stopped run
     torchrun --nproc_per_node=4 train.py --model s4 --task pathx --spt   # DDP, global --batch-size
-Reading order: the flags (parse_flags: each flag once, with its range; MODELS is in models.py,
-OBJECTIVES in objectives.py), one phase (run_phase; its steps: steps.train_epoch, top to bottom),
-the method (run_both_phases), main() by steps.
+Reading order, top to bottom: the flags (each once, with its range; MODELS and OBJECTIVES are
+models.py's), one phase with its training step (train_phase), the method (main: flags -> data ->
+model -> SPT -> fine-tuning -> test). The machinery that makes a run safe and observable (the run
+folder, resume, stops, devices, DDP, precision, the guard, logs) is reached through one object,
+lab/runs.Run, and the phase's lab/steps.Training.
 Check: tests/test_train.py, test_robustness.py, test_faults.py, test_fork.py (docs/fork.md).
 """
 import argparse
-import dataclasses
-import gc
 import math
 import os
 import time
-from functools import partial
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -26,17 +25,14 @@ from typing import Callable, NamedTuple
 # every parallel region, which makes small runs on a shared CPU several times slower.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import denoise  # noqa: E402
 import lra_data  # noqa: E402
 import models  # noqa: E402
-import objectives  # noqa: E402
-from lab import curves, hardware, loggers, memory, presets, provenance, runs, steps  # noqa: E402
-from lab.runs import fail, log  # noqa: E402
-from models import MODELS, build_model, load_model  # noqa: E402, F401  (load_model: public)
-from objectives import OBJECTIVES  # noqa: E402
+from lab import loggers, presets, steps  # noqa: E402
+from lab.run import Run  # noqa: E402
+from lab.runs import fail  # noqa: E402
+from models import MODELS, OBJECTIVES, build_model, load_model  # noqa: E402, F401  (load_model: public)
 from tools import checked  # noqa: E402
 from tools.checked import at_least, in_range  # noqa: E402
 
@@ -84,7 +80,7 @@ def parse_flags(argv):
     flag("--cache-dir", default=None, help="arrays (default: <data-dir>/cache or data/cache)")
     flag("--difficulty", choices=["easy", "intermediate", "hard"], default="hard",
          help="Pathfinder contour length 6, 9, 14")
-    flag("--generate", type=presets.number(int, lambda v: v == 0 or v >= 10, "must be 0 (never) or at least 10"),
+    flag("--generate", type=checked.number(int, lambda v: v == 0 or v >= 10, "must be 0 (never) or at least 10"),
          default=None, help="examples to make if absent (0: never)")
     flag("--data-fraction", type=in_range(0, 1, open_low=True), default=1.0, help="of train")
     flag("--lra-val", action="store_true", help="text, image: validate on test, as LRA did")
@@ -92,7 +88,7 @@ def parse_flags(argv):
     flag("--max-train", type=count, default=None, help="at most this many train examples")
     flag("--max-eval", type=count, default=None, help="at most this many val / test examples")
     flag("--workers", type=count, default=None, help="DataLoader workers (default: CPU 0, CUDA 8)")
-    flag("--seed", type=presets.seed(), default=0, help="model init; batch order seed+1, masks seed+2")
+    flag("--seed", type=checked.seed(), default=0, help="model init; batch order seed+1, masks seed+2")
     flag("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda if there)")
     flag("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None,
          help="default: bf16 or fp16 on CUDA, fp32 on CPU (docs/gpu.md)")
@@ -111,7 +107,7 @@ def parse_flags(argv):
     for name, (settings, text, users) in models.knobs().items():   # each model's config fields
         flag("--" + name.replace("_", "-"), default=None, **settings,
              help=f"{', '.join(users)}: {text} (default: the preset's, else the config's)")
-    p.error = lambda message: fail(f"{presets.flag_message(message)} (python train.py --help lists "
+    p.error = lambda message: fail(f"{checked.flag_message(message)} (python train.py --help lists "
                                    f"the flags)")
     args, defaults, unset = p.parse_args(argv), vars(p.parse_args([])), object()
     typed = p.parse_args(argv, argparse.Namespace(**dict.fromkeys(defaults, unset)))  # no defaults
@@ -135,283 +131,126 @@ class Phase(NamedTuple):
     patience: int = 0           # stop after this many evaluations without improvement (0: never)
 
 
-def run_phase(phase, model, run, splits, resume=None):
-    """Train phase.epochs epochs; after every --eval-every-th epoch and the last, evaluate on val
-    and write the best checkpoint so far (phase.best_file) and last.pt, the state to continue
-    from. run: runs.Run; resume: a last.pt of this phase, continued exactly as if never stopped.
-    With phase.patience K > 0 the phase ends early once K evaluations in a row have not beaten the
-    best (early stopping; the count is read from the best's epoch, so a resumed run keeps it).
-    Returns {"metric", "best", "epoch", "val", "steps", "seconds", "last_epoch", "stopped_early"}."""
-    args, start, (rank, world) = run.args, time.time(), steps.rank_and_world()
-    state = steps.Training(model, phase, args, run.device, len(splits["train"]))
-    if world > 1:
-        state.forward = DDP(model, device_ids=[run.device] if run.device.type == "cuda" else None)
-    if args.compile:
-        state.forward = hardware.compiled(state.forward, args)  # `model` is saved: plain keys
-    ssm_lr = run.meta["config"].get("ssm_lr", phase.lr)
-    ssm_names = MODELS[args.model].ssm_params
-    groups = steps.param_groups(model, phase.lr, args.weight_decay, ssm_lr, ssm_names)
-    state.optimizer(groups, partial(steps.lr_factor, warmup=args.warmup, schedule=args.schedule))
-    best = {"name": f"val_{phase.select}", "value": None, "epoch": 0, "val": {}}
-    done, before = 0, 0.0
-    if resume is not None:
-        try:
-            state.restore(resume)
-        except ValueError as e:                            # e.g. an optimiser of other groups
-            fail(f"--resume {run.folder}: its last.pt (commit {resume['commit']}) cannot be "
-                 f"restored by this code ({e}); start a new run")
-        runs.catch_up_log(run.folder, resume)              # a kill came between last.pt and log
-        best, done, before = resume["best"], resume["epoch"], resume["seconds"]
-    batches = steps.loader(splits["train"], phase.batch_size, args, run.device,
-                           order=state.gens["order"])
-    val_batches = steps.loader(splits["val"], phase.batch_size, args, run.device)
-    score = (lambda r: -r["loss"]) if phase.select == "loss" else (lambda r: r["acc"])  # noqa: E731
-    since_eval, last, stale = {}, done, 0                   # training statistics since the last eval
-    for epoch in range(done + 1, phase.epochs + 1):
-        # evaluations after the best one: every --eval-every-th epoch (the last is never before this)
-        stale = sum(1 for e in range(best["epoch"] + 1, epoch) if e % args.eval_every == 0)
-        if state.step >= state.total or 0 < phase.patience <= stale:
+def train_phase(phase, model, run, splits, meta):
+    """Train phase.epochs epochs; after every --eval-every-th epoch and the last, evaluate on val;
+    run.record keeps the best checkpoint so far (phase.best_file), last.pt (the state to continue
+    from) and the log. With phase.patience K > 0 the phase ends once K evaluations in a row have
+    not beaten the best (early stopping). A resumed phase continues exactly as if never stopped.
+    meta: the model's description, saved with each checkpoint. Returns {"metric", "best", "epoch",
+    "val", "steps", "seconds", "last_epoch", "stopped_early"}."""
+    t = run.phase(phase, model, splits, meta)   # optimiser, schedule, seeds, precision, DDP, loaders
+    since_eval, last, stale = {}, t.epochs_done, 0   # training statistics since the last evaluation
+    for epoch in range(t.epochs_done + 1, phase.epochs + 1):
+        # early stopping: the evaluations (every --eval-every-th epoch) since the best one
+        stale = sum(1 for e in range(t.best["epoch"] + 1, epoch) if e % run.args.eval_every == 0)
+        if t.step >= t.total or 0 < phase.patience <= stale:      # or the step budget is spent
             break
         last = epoch
-        if rank > 0:            # own dropout masks per process; rank 0's RNG is the one saved
-            torch.manual_seed(args.seed + 1000 * rank + epoch)
-        train = steps.train_epoch(state, batches, f"{phase.name} {epoch}/{phase.epochs}")
+        train = {}                          # this epoch's training statistics (device sums)
+        with run.stage(lambda: f"{phase.name} epoch {epoch}/{phase.epochs}, step {t.step}"):
+            for clean in t.batches(epoch):  # the clean batch (lra_data.clean_batch), on the device
+                # ---- the training step: batch -> corruption -> forward -> loss -> backward -> step
+                b = phase.prepare(clean, t.mask_gen, t.step / t.total)   # denoise.Batch
+                losses = []
+                for rows, keep, sync in t.parts(len(b.weight)):   # this process's rows (DDP), in
+                    with sync, t.amp():                           # --accum-steps micro-batches
+                        loss, stats = phase.loss(t.forward, b, rows, t.world)
+                    t.scaler.scale(loss * keep).backward()        # fp16: scaled
+                    train = denoise.add(train, stats, keep)
+                    losses.append(loss.detach())
+                t.optimizer_step(losses, train)     # skipped if not finite; then the schedule
+                if t.step >= t.total:
+                    break
         since_eval = denoise.add(since_eval, train)
-        if epoch % args.eval_every and epoch < phase.epochs and state.step < state.total:
-            continue                                        # evaluate every k-th epoch and the last
-        with runs.stopping_at(f"{phase.name} epoch {epoch}/{phase.epochs}, evaluation"):
-            val = steps.evaluate(state.forward, phase, val_batches, args.seed + 3, state.amp)
-            steps.check_finite_eval(phase, epoch, val, best)    # never a non-finite best or last
-            improved = best["epoch"] == 0 or score(val) > score(best["val"])
-            if improved:
-                best = {"name": f"val_{phase.select}", "value": val[phase.select], "epoch": epoch,
-                        "val": val}
-            seconds = before + time.time() - start
-            metrics = dict(train=phase.metrics(steps.all_sum(since_eval)), val=val,
-                           improved=improved, seconds=seconds)
-            entry = steps.evaluation_log(phase, epoch, state.step, state.opt.param_groups[0]["lr"],
-                                        metrics)                    # (line, record)
-            saved = {**run.meta, **state.saved(), "phase": phase.name, "epoch": epoch,
-                     "best": best, "seconds": seconds, "log": entry}
-            runs.save_evaluation(run.folder, phase.best_file if improved else None, saved)
+        if epoch % run.args.eval_every and epoch < phase.epochs and t.step < t.total:
+            continue                        # evaluate every k-th epoch and the last
+        with run.stage(f"{phase.name} epoch {epoch}/{phase.epochs}, evaluation"):
+            run.record(*t.evaluation(epoch, since_eval))   # val; best so far; checkpoints, log
         since_eval = {}
-    if args.compile:                                        # graphs so far, fallbacks, breaks
-        log(run.folder, *hardware.compile_summary(phase.name))
-    stopped = 0 < phase.patience <= stale
-    if stopped:
-        log(run.folder, f"{phase.name}: stopped after epoch {last}/{phase.epochs}: "
-            f"{best['name']} not better than epoch {best['epoch']}'s for {stale} evaluations")
-    if world > 1:
-        dist.barrier()                                      # the others read spt.pt / best.pt next
-    return {"metric": best["name"], "best": best["value"], "epoch": best["epoch"],
-            "val": best["val"], "steps": state.step, "seconds": before + time.time() - start,
-            "last_epoch": last, "stopped_early": stopped}
+    return t.summary(last, stale)
 
 
 # ---- the method: pre-train, fine-tune, test ----------------------------------------------------
 
-def pretrain(run, splits, resume):
+def pretrain(run, splits):
     """Phase 1: a fresh backbone inside the objective's SPT model (its OBJECTIVES entry builds it:
     a denoising head, or ELECTRA's generator + discriminator) on the training inputs; the best one
     by the objective's own validation loss is saved as spt.pt."""
     args, objective = run.args, OBJECTIVES[run.args.objective]
     flags = {k: getattr(args, k) for k in objective.flags}       # its own flags, by name
     torch.manual_seed(args.seed)
-    spt = run.with_meta(head=objectives.spt_head(args.objective, flags))
+    head = models.spt_head(args.objective, flags)
     phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size,
                   args.pretrain_accum_steps, "spt.pt", "loss",
-                  *objectives.batch_functions("spt", args.task, args.objective, flags),
+                  *models.batch_functions("spt", args.task, args.objective, flags),
                   args.pretrain_patience)
-    return run_phase(phase, build_model(spt.meta).to(run.device), spt, splits, resume)
+    meta = {**run.meta, "head": head}
+    return train_phase(phase, build_model(meta).to(run.device), run, splits, meta)
 
 
-def load_pretrained(classifier, run, init_ck=None):
-    """Copy the backbone of spt.pt (after --spt) or --init-from (init_ck) into the classifier,
-    strictly: only the old and the new heads may differ (the objective's entry says which weights
-    are the backbone)."""
+def load_pretrained(classifier, run):
+    """Copy the backbone of spt.pt (after --spt) or --init-from into the classifier, strictly:
+    only the old and the new heads may differ (the objective's entry says which weights are the
+    backbone)."""
     path = run.folder / "spt.pt" if run.args.spt else Path(run.args.init_from)
-    ck = init_ck or runs.read_checkpoint(path, run.device)
+    ck = checked.read_checkpoint(path, run.device)
     try:
-        _, new = models.load_backbone(classifier, objectives.backbone_state(ck))
+        _, new = models.load_backbone(classifier, models.backbone_state(ck))
     except RuntimeError as e:
         fail(f"loading the backbone of {path}: {str(e).splitlines()[0]}")
     dropped = sorted(k for k in ck["model"] if not k.startswith("backbone."))   # heads, generator
-    log(run.folder, f"loaded backbone from {path} ({ck['phase']} epoch {ck['epoch']}, "
-        f"{ck['best']['name']} {ck['best']['value']:.4f}); new: {', '.join(new)}; dropped: "
-        f"{', '.join(dropped)}")
+    run.record(f"loaded backbone from {path} ({ck['phase']} epoch {ck['epoch']}, "
+               f"{ck['best']['name']} {ck['best']['value']:.4f}); new: {', '.join(new)}; "
+               f"dropped: {', '.join(dropped)}")
 
 
 def test(classifier, run, splits, phase):
     """Test accuracy of the best-validation checkpoint (best.pt); its predictions are saved."""
-    args = run.args
-    with runs.stopping_at("the test"):
-        best = runs.read_checkpoint(run.folder / "best.pt", run.device)
+    with run.stage("the test"):
+        best = checked.read_checkpoint(run.folder / "best.pt", run.device)
         classifier.load_state_dict(best["model"])
-        batches, predicted = steps.loader(splits["test"], args.batch_size, args, run.device), []
-        amp = steps.precision(args, run.device)[1]
-        result = steps.evaluate(classifier, phase, batches, args.seed + 3, amp, predicted)
+        predicted = []
+        batches = steps.loader(splits["test"], run.args.batch_size, run.args, run.device)
+        amp = steps.precision(run.args, run.device)[1]
+        result = steps.evaluate(classifier, phase, batches, run.args.seed + 3, amp, predicted)
         steps.write_predictions(run.folder, splits["test"], predicted)
     return result
 
 
-def run_both_phases(run, classifier, splits, resume, init_ck):
-    """Pre-train (with --spt), fine-tune, test: the method. -> results (test_acc, ...)."""
-    args, seconds, spt = run.args, {}, None
-    resuming_ft = resume is not None and resume["phase"] == "finetune"
-    if args.spt:
-        spt = resume["spt"] if resuming_ft else pretrain(run, splits, resume)
-        seconds["spt"] = spt["seconds"]
-    if (args.spt or args.init_from) and not resuming_ft:    # else last.pt holds the whole state
-        load_pretrained(classifier, run, init_ck)
-    phase = Phase("finetune", args.epochs, args.lr, args.batch_size, args.accum_steps, "best.pt",
-                  "acc", *objectives.batch_functions("finetune", args.task))
-    ft = run_phase(phase, classifier, run.with_meta(spt=spt), splits,
-                   resume if resuming_ft else None)
-    seconds["finetune"], t_test = ft["seconds"], time.time()
-    result = test(classifier, run, splits, phase)
-    seconds["test"] = time.time() - t_test
-    spt_text = spt and " | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items())
-    log(run.folder, f"test | acc {result['acc']:.4f} | loss {result['loss']:.4f} | best val_acc "
-        f"{ft['best']:.4f} (epoch {ft['epoch']}){spt_text or ''}",
-        {"phase": "test", "test_acc": result["acc"], "test_loss": result["loss"]})
-    knobs = ["objective", *OBJECTIVES[args.objective].flags]
-    spt_val = spt and {"name": spt["metric"], "value": spt["best"], "epoch": spt["epoch"],
-                       **spt["val"]}
-    return {"test_acc": result["acc"], "test_loss": result["loss"], "best_val_acc": ft["best"],
+def main(argv=None):
+    args, given, defaults = parse_flags(argv)
+    run = Run(argv, args, given, defaults)    # presets, checks, --resume, device: no writes yet
+    args, resume = run.args, run.resume
+    with run.stage("preparing the data"):           # generated and cached on first use, under a lock
+        splits = lra_data.load_splits(args)
+    torch.manual_seed(args.seed)                    # model init (on the CPU: begin moves it)
+    classifier = build_model(run.meta)
+    with run.begin(splits, classifier):             # DDP, the device, the run folder: config, log, lock
+        seconds, spt = {}, None
+        resuming_ft = resume is not None and resume["phase"] == "finetune"
+        if args.spt:                                # phase 1: SPT
+            spt = resume["spt"] if resuming_ft else pretrain(run, splits)
+            seconds["spt"] = spt["seconds"]
+        if (args.spt or args.init_from) and not resuming_ft:    # else last.pt holds the whole state
+            load_pretrained(classifier, run)
+        phase = Phase("finetune", args.epochs, args.lr, args.batch_size, args.accum_steps,
+                      "best.pt", "acc", *models.batch_functions("finetune", args.task))
+        ft = train_phase(phase, classifier, run, splits, {**run.meta, "spt": spt})  # phase 2
+        seconds["finetune"], t_test = ft["seconds"], time.time()
+        result = test(classifier, run, splits, phase)
+        seconds["test"] = time.time() - t_test
+        spt_text = spt and " | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items())
+        run.record(f"test | acc {result['acc']:.4f} | loss {result['loss']:.4f} | best val_acc "
+                   f"{ft['best']:.4f} (epoch {ft['epoch']}){spt_text or ''}",
+                   {"phase": "test", "test_acc": result["acc"], "test_loss": result["loss"]})
+        knobs = ["objective", *OBJECTIVES[args.objective].flags]
+        spt_val = spt and {"name": spt["metric"], "value": spt["best"], "epoch": spt["epoch"],
+                           **spt["val"]}
+        return run.finish({
+            "test_acc": result["acc"], "test_loss": result["loss"], "best_val_acc": ft["best"],
             "best_epoch": ft["epoch"], "spt_val_metric": spt_val, "wall_time_s": seconds,
             "spt_objective": {k: getattr(args, k) for k in knobs} if args.spt else None,
-            "spt_epochs": spt and spt["last_epoch"], "spt_stopped_early": spt and spt["stopped_early"]}
-
-
-# ---- the steps of main() -----------------------------------------------------------------------
-
-def settle(argv):
-    """Flags, a --resume's own settings and lock, presets, every check, before anything is written
-    -> (args, backbone config, notes to print, resume: its last.pt or None, lock)."""
-    args, given, defaults = parse_flags(argv)
-    how, resume, lock = "given" if args.preset else "default", None, None
-    if args.resume:                                 # the run's own settings, last.pt and lock
-        args, resume, lock = runs.resume_settings(args, given, defaults)
-    entry, objective = MODELS[args.model], OBJECTIVES[args.objective]
-    try:
-        config_kw, notes = presets.apply(args, entry)        # the preset, then the flags
-        run = objectives.Run(args.task, args.causal, lambda **changes: presets.model_config(
-            entry.Config, args.task, {**config_kw, **changes}, args.causal), entry.build)
-        objectives.fill_defaults(args, run)                 # e.g. the task's mask ratio
-        cfg = presets.check(args, config_kw, entry)
-        flags = {k: getattr(args, k) for k in objective.flags}
-        if args.spt and (why := objective.bound("refuse", flags)(run)):
-            raise ValueError(why)
-    except ValueError as e:
-        fail(str(e))
-    notes += unused_flag_notes(args, given)
-    if resume:                                      # the weights' own config, whatever the presets
-        cfg = type(cfg)(**resume["config"])
-    runs.absolute_paths(args)                       # a resume from elsewhere finds the same files
-    notes.insert(0, f"preset {args.preset} ({how}); explicit flags override it")
-    return args, cfg, notes, resume, lock
-
-
-def unused_flag_notes(args, given):
-    """One line per kind of flag typed but not used by this run: SPT flags without --spt, an
-    objective's flags with another objective, a model knob the chosen model's config lacks."""
-    def named(keys):
-        return ", ".join("--" + k.replace("_", "-") for k in sorted(keys))
-    notes, objective = [], OBJECTIVES[args.objective]
-    spt_only = given & {"objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size",
-                        "pretrain_accum_steps", "pretrain_patience",
-                        *(n for o in OBJECTIVES.values() for n in o.flags)}
-    other_objective = given & {n for o in OBJECTIVES.values() for n in o.flags} - set(objective.flags)
-    if spt_only and not args.spt:
-        notes.append(f"note: {named(spt_only)} only act{'s' * (len(spt_only) == 1)} with --spt: "
-                     f"ignored")
-    elif other_objective:
-        owners = sorted({k for k, o in OBJECTIVES.items() if other_objective & set(o.flags)})
-        notes.append(f"note: {named(other_objective)} belong{'s' * (len(other_objective) == 1)} "
-                     f"to --objective {' / '.join(owners)}, not {args.objective}: ignored")
-    knobs = models.knobs()
-    unused = {k for k in given & set(knobs) if args.model not in knobs[k][2]}
-    if unused:
-        owners = sorted({m for k in unused for m in knobs[k][2]})
-        notes.append(f"note: {named(unused)}: no such field in the {args.model} config (only "
-                     f"{', '.join(owners)}): ignored")
-    return notes
-
-
-def prepare_data(args):
-    """The three splits (generated and cached on first use, under a lock) -> runs.Data."""
-    start = time.time()
-    with runs.stopped_in(), runs.stopping_at("preparing the data"):
-        try:
-            splits = lra_data.load_splits(args)
-        except lra_data.DataError as e:
-            fail(str(e))
-    notes = list(dict.fromkeys(n for s in splits.values() for n in s.notes))   # each note once
-    return runs.Data(splits, splits["train"].source, notes, time.time() - start,
-                     lra_data.fingerprint(splits))
-
-
-def build(args, cfg, device, resume):
-    """The classifier (seeded init), its description, and the --init-from checkpoint, checked
-    before any run folder exists -> (meta, classifier, init checkpoint or None)."""
-    spec = lra_data.TASKS[args.task]
-    head = dict(kind="classifier", n_classes=spec.n_classes, pool=args.pool, pair=spec.pair)
-    meta = dict(model_name=args.model, task=args.task, config=dataclasses.asdict(cfg), head=head,
-                args=vars(args))
-    torch.manual_seed(args.seed)                    # model init
-    classifier, init_ck = build_model(meta).to(device), None
-    if args.init_from and not resume:
-        try:
-            init_ck = runs.read_checkpoint(args.init_from, device)
-            models.check_init_checkpoint(init_ck, args.model, args.task, meta["config"])
-        except ValueError as e:
-            fail(f"--init-from {args.init_from}: {e}")
-    return meta, classifier, init_ck
-
-
-def main(argv=None):
-    runs.stop_on_sigterm()                          # a scheduler's SIGTERM is a Ctrl-C
-    checked.console_as_os_bytes()                   # a path of any bytes prints as the OS gave it
-    hardware.check_ddp_environment()                # WORLD_SIZE, RANK, MASTER_*: one line, before anything
-    args, cfg, notes, resume, lock = settle(argv)
-    if why := loggers.probe(args.log_to):          # an optional part fails here, before any run folder
-        if not resume:
-            fail(why)
-        log(None, f"note: {why}; the resumed run continues without --log-to")
-        args.log_to = None
-    device, world = hardware.setup_device(args)        # also --precision and --workers
-    data = prepare_data(args)                       # before any collective (DDP start-up)
-    device = hardware.join_process_group(device, world)
-    meta, classifier, init_ck = build(args, cfg, device, resume)
-    knobs = ", ".join(f"{k} {getattr(args, k)}" for k in OBJECTIVES[args.objective].flags)
-    plan = (f"SPT {args.objective}{f' ({knobs})' if knobs else ''}, then fine-tune" if args.spt
-            else f"fine-tune from {args.init_from}" if args.init_from else "from scratch (TFS)")
-    memory_lines, memory_plan = memory.plan_memory(args, meta, device, world)   # micro-batches
-    lines = runs.startup_lines(args, plan, notes, data, classifier, meta) + memory_lines
-    if resume:
-        lines.insert(0, f"resuming after {resume['phase']} epoch {resume['epoch']} (step "
-                        f"{resume['step']})")
-    config = runs.run_meta(meta, args, argv, data, device)       # config.json
-    config["memory_plan"] = memory_plan
-    with runs.run_folder(args, config, lines, lock) as folder, \
-            loggers.mirror(args.log_to, folder, config):    # --log-to: log.jsonl's records
-        run = runs.Run(args, device, folder, meta)
-        log(folder, f"run folder: {folder}")
-        with runs.stopped_in(folder):               # a stop: one line, the --resume command
-            results = run_both_phases(run, classifier, data.splits, resume, init_ck)
-        results.update(params=sum(p.numel() for p in classifier.parameters()),
-                       n_train=len(data.splits["train"]), data_source=data.source,
-                       data_notes=data.notes, preset=args.preset, device=str(device),
-                       processes=world, machine=provenance.machine(device), run_dir=str(folder))
-        seconds = {"data": data.seconds, **results["wall_time_s"]}
-        results["wall_time_s"] = {**seconds, "total": sum(seconds.values())}   # all the phases
-        steps.write_results(folder, results)
-        if not args.no_curves and runs.rank() == 0:
-            curves.after_run(folder, partial(log, folder))            # curves.png
-    if world > 1:   # free the DDP wrappers (reference cycles) first: else gloo threads can outlive
-        gc.collect()    # the group and abort the exit (SIGABRT)
-        dist.destroy_process_group()
-    return results
+            "spt_epochs": spt and spt["last_epoch"], "spt_stopped_early": spt and spt["stopped_early"]})
 
 
 if __name__ == "__main__":

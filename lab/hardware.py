@@ -4,10 +4,12 @@ against what PyTorch sees), --deterministic, --workers, torchrun's process group
 (precision, DDP rows, the guard) is lab/steps.py's.
 Check: tests/test_robustness.py (devices, DDP start-up, compile bounds), tools/gpu_check.py.
 """
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -15,7 +17,7 @@ import torch.distributed as dist
 
 import lra_data
 from lab.runs import fail
-from lab.steps import precision
+from ssm import set_tf32
 
 
 # ---- --device, --deterministic, --workers, DDP -------------------------------------------------
@@ -33,15 +35,16 @@ def deterministic(on):
 
 
 def setup_device(args):
-    """-> (device, world size): checks --device and that --out can be written (making --out
-    itself); settles --deterministic (before any CUDA call), --precision (printed, in config.json)
-    and --workers."""
+    """-> (device, world size): checks the DDP environment (check_ddp_environment), --device and that --out
+    can be written (making --out itself); settles --deterministic (before any CUDA call), --precision (printed,
+    in config.json) and --workers."""
+    check_ddp_environment()                         # WORLD_SIZE, RANK, MASTER_*: one line, before anything
     deterministic(getattr(args, "deterministic", False))
     try:
         device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except ValueError as e:
         fail(f"--device {args.device}: {e}")
-    world = ddp_world(os.environ)                   # checked at start-up (check_ddp_environment)
+    world = ddp_world(os.environ)                   # checked above
     if getattr(args, "compile", False) and COMPILE_BACKEND == "inductor" and not c_compiler():
         fail("--compile needs a C/C++ compiler (torch.compile's inductor builds its kernels with one) and none is "
              "on PATH (CXX, c++, g++, clang++): install one (apt-get install g++) or run without --compile")
@@ -127,6 +130,26 @@ def join_process_group(device, world):
     if dist.get_rank() > 0:                         # only rank 0 prints, logs and saves
         sys.stdout = open(os.devnull, "w")
     return device
+
+
+def precision(args, device):
+    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler
+    or None). Default: bf16 autocast on CUDA with compute capability ≥ 8, fp16 autocast with a
+    gradient scaler on older GPUs (V100, T4), fp32 on CPU. TF32 is set explicitly for every choice:
+    on for "tf32" only. Under bf16 / fp16 autocast the only float32 matmuls left are the SSM
+    kernels', which must not use TF32 (ssm.Matmul guards them anyway), so TF32 there would buy
+    nothing. The SSM kernels and FFT convolutions run in fp32 inside autocast (ssm.py). --amp is the
+    old name of --precision bf16."""
+    name = args.precision or ("bf16" if args.amp else None)
+    if name is None:
+        name = "fp32" if device.type != "cuda" else (
+            "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16")
+    # by the setter that leaves torch's TF32 state readable from any state a user's code left
+    # (ssm.set_tf32, docs/gpu.md); also on a CPU, where only oneDNN on CPUs with TF32 units reads it
+    set_tf32(name == "tf32")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
+    amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
+    return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
 
 
 # ---- --compile: bounded graphs, counted, no silent fallback to eager ----------------------------

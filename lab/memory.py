@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 import denoise
 import lra_data
 import models
-import objectives
+
 from lab import hardware
 from lab import presets
 
@@ -127,21 +127,21 @@ def simulated_peak(build, forward, precision):
 
 def training_case(model_name, task, values, phase, B, L, objective=None, flags=None):
     """(build, forward) of one training step of train.py's model on a random clean batch of full length L, through
-    the step's own functions (objectives.batch_functions: the objective's corruption and loss for spt, the labelled
+    the step's own functions (models.batch_functions: the objective's corruption and loss for spt, the labelled
     batch and the one loss for finetune), so the estimate holds the run's own objective (rtd: its generator too).
     objective, flags: the run's --objective and its flags (default: the first objective, its defaults). Token tasks
     take the padded path (lengths given, all real: the larger case), pixel tasks are never padded (padded None).
     Retrieval: two documents per example, so 2·B sequences."""
     spec, cfg = lra_data.TASKS[task], presets.config_for(model_name, task, values)
-    objective = objective or next(iter(objectives.OBJECTIVES))                  # --objective's default, the paper's
-    run = objectives.Run(task, False, lambda **changes: dataclasses.replace(cfg, **changes),
+    objective = objective or next(iter(models.OBJECTIVES))                  # --objective's default, the paper's
+    run = models.Backbone(task, False, lambda **changes: dataclasses.replace(cfg, **changes),
                          models.MODELS[model_name].build)
     flags = {k: v if v is not None or f.derive is None else f.derive(run)      # unset: as train.py fills it in
-             for k, f in objectives.OBJECTIVES[objective].flags.items() for v in [(flags or {}).get(k, f.default)]}
-    head = (objectives.spt_head(objective, flags) if phase == "spt" else
+             for k, f in models.OBJECTIVES[objective].flags.items() for v in [(flags or {}).get(k, f.default)]}
+    head = (models.spt_head(objective, flags) if phase == "spt" else
             dict(kind="classifier", n_classes=spec.n_classes, pool=spec.pool, pair=spec.pair))
     meta = dict(model_name=model_name, task=task, config=dataclasses.asdict(cfg), head=head)
-    prepare, loss, _ = objectives.batch_functions(phase, task, objective, flags)
+    prepare, loss, _ = models.batch_functions(phase, task, objective, flags)
 
     def forward(model):
         device, rows = next(model.parameters()).device, 2 * B if spec.pair else B
@@ -367,25 +367,18 @@ def plan_memory(args, meta, device, world):
     """Each phase's micro-batches -> (start-up lines, config.json record). An accum_steps left None
     (--preset paper without --accum-steps) is planned: on CUDA the smallest count that divides this
     process's rows and whose micro-batch's estimated peak (lab/memory.py, at the length batches
-    pad to) fits HEADROOM of the card (torch.cuda.mem_get_info, never more than is free); on a CPU
-    1. A given count is kept and estimated on CUDA. Every line says micro-batch, accumulation
+    pad to) fits HEADROOM of the card (torch.cuda.mem_get_info, never more than is free) (on a CPU:
+    lab/run.no_card_plan). A given count is kept and estimated on CUDA. Every line says micro-batch, accumulation
     steps and estimated peak; an estimate over the card is a note, not an error (it is an
     estimate)."""
     phases = [("spt", "pretrain_batch_size", "pretrain_accum_steps")] if args.spt else []
     phases += [("finetune", "batch_size", "accum_steps")]
-    cuda, record, lines = device.type == "cuda", {}, []
-    budget, total = card_budget(device) if cuda else (None, None)
+    record, lines = {}, []
+    budget, total = card_budget(device)
     L = max(hardware.padded_lengths(args.task, args.max_len))
     for phase, batch, accum in phases:
         rows = -(-getattr(args, batch) // world)            # this process's rows of a step
-        if not cuda:
-            setattr(args, accum, getattr(args, accum) or 1)
-            record[phase] = dict(batch=rows, accum_steps=getattr(args, accum),
-                                 micro_batch=-(-rows // getattr(args, accum)), L=L, est_gib=None)
-            lines.append(f"memory plan {phase}: micro-batch {record[phase]['micro_batch']} × "
-                         f"{getattr(args, accum)} accumulation steps (no card: not estimated)")
-            continue
-        flags = {k: getattr(args, k) for k in objectives.OBJECTIVES[args.objective].flags}  # the run's own objective
+        flags = {k: getattr(args, k) for k in models.OBJECTIVES[args.objective].flags}  # the run's own objective
         plan = plan_phase(Phase(args.model, args.task, meta["config"], phase, L, args.precision, args.objective, flags),
                           rows, budget, getattr(args, accum))
         setattr(args, accum, plan["accum_steps"])

@@ -5,23 +5,27 @@ paper: model sizes and learning rates of Amos, Berant & Gupta (ICLR 2024): Table
        (PathX-256); S4 from scratch and the epochs, batch sizes and model sizes the tables leave out
        come from the authors' released configs and S4's LRA configs (Gu et al., ICLR 2022). Each
        model's function (transformer_paper, s4_paper, dlr_paper: models.MODELS names them) gives the
-       source of every value; `python models.py` prints them all (results/paper_presets.md).
+       source of every value; `python lab/presets.py` prints them all (results/paper_presets.md).
 tiny / small: CPU-sized runs of the real tasks (no toy task), our own choice (cpu_values).
 Explicit command-line flags always win over a preset (apply, one merge); check
 holds the checks that involve several flags; each flag's own range is checked by its argparse type
-(at_least, in_range), given where the flag is declared (train.parse_flags, objectives.OBJECTIVES).
+(at_least, in_range), given where the flag is declared (train.parse_flags, models.OBJECTIVES).
 """
 import argparse
 import dataclasses
 import os
 import re
+import sys
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # the repo: python lab/presets.py from anywhere
+import torch  # noqa: E402
 
-import lra_data
-import models
-from tools.checked import at_least, flag_message, in_range, number, seed  # noqa: F401  (the flags)
+import lra_data  # noqa: E402
+import models  # noqa: E402
+from lab.runs import fail  # noqa: E402
+from tools import checked  # noqa: E402
+from tools.checked import at_least, flag_message, in_range, number, seed  # noqa: F401, E402  (the flags)
 
 # ---- paper: model sizes --------------------------------------------------------------------------
 
@@ -308,7 +312,7 @@ def config_for(model, task, values, causal=False):
 def apply(args, entry):
     """Merge the preset's values into args, in one place: an explicit flag (not None) wins; then the
     default that follows from the task (pooling; an objective's own defaults are its entry's:
-    objectives.fill_defaults). entry: the model's models.MODELS entry. Returns the model-config fields (of
+    models.fill_defaults). entry: the model's models.MODELS entry. Returns the model-config fields (of
     entry.Config) the preset or the flags decide, and the notes to print. A paper batch is split
     into micro-batches of this process's rows (memory per process)."""
     args.preset = args.preset or ("paper" if torch.cuda.is_available() else "tiny")
@@ -318,7 +322,7 @@ def apply(args, entry):
     if (args.preset == "paper" and paper
             and "borrowed from" in str(paper(args.task, args.spt)[1])):
         notes.append(f"note: --preset paper: the paper has no {args.model} run; its values are "
-                     f"borrowed (python models.py names each source)")
+                     f"borrowed (python lab/presets.py names each source)")
     accum_given = {k for k in ("accum_steps", "pretrain_accum_steps")
                    if getattr(args, k) is not None}
     for key, value in preset_values(args.preset, args.model, entry, args.task, args.spt).items():
@@ -391,6 +395,51 @@ def check(args, config_kw, entry):
         raise ValueError(f"{flag}{args.model} model: {e} (set by its flags or the preset)") from None
 
 
+def settle(args, given):
+    """The run's settings, presets applied, every check made, before anything is written -> (the backbone's
+    config, notes to print). args (changed in place): train.parse_flags's (a --resume's own settings); given:
+    the flags typed. A setting that cannot run stops in one line (lab/runs.fail)."""
+    entry, objective = models.MODELS[args.model], models.OBJECTIVES[args.objective]
+    try:
+        config_kw, notes = apply(args, entry)                   # the preset, then the flags
+        backbone = models.Backbone(args.task, args.causal, lambda **changes: model_config(
+            entry.Config, args.task, {**config_kw, **changes}, args.causal), entry.build)
+        models.fill_defaults(args, backbone)                    # e.g. the task's mask ratio
+        cfg = check(args, config_kw, entry)
+        flags = {k: getattr(args, k) for k in objective.flags}
+        if args.spt and objective.refuse and (why := objective.bound("refuse", flags)(backbone)):
+            raise ValueError(why)
+    except ValueError as e:
+        fail(str(e))
+    return cfg, notes + unused_flag_notes(args, given)
+
+
+def unused_flag_notes(args, given):
+    """One line per kind of flag typed but not used by this run: SPT flags without --spt, an
+    objective's flags with another objective, a model knob the chosen model's config lacks."""
+    def named(keys):
+        return ", ".join("--" + k.replace("_", "-") for k in sorted(keys))
+    notes, objective = [], models.OBJECTIVES[args.objective]
+    spt_only = given & {"objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size",
+                        "pretrain_accum_steps", "pretrain_patience",
+                        *(n for o in models.OBJECTIVES.values() for n in o.flags)}
+    other_objective = given & {n for o in models.OBJECTIVES.values() for n in o.flags} - set(objective.flags)
+    if spt_only and not args.spt:
+        notes.append(f"note: {named(spt_only)} only act{'s' * (len(spt_only) == 1)} with --spt: "
+                     f"ignored")
+    elif other_objective:
+        owners = sorted({k for k, o in models.OBJECTIVES.items() if other_objective & set(o.flags)})
+        notes.append(f"note: {named(other_objective)} belong{'s' * (len(other_objective) == 1)} "
+                     f"to --objective {' / '.join(owners)}, not {args.objective}: ignored")
+    knobs = models.knobs()
+    unused = {k for k in given & set(knobs) if args.model not in knobs[k][2]}
+    if unused:
+        owners = sorted({m for k in unused for m in knobs[k][2]})
+        notes.append(f"note: {named(unused)}: no such field in the {args.model} config (only "
+                     f"{', '.join(owners)}): ignored")
+    return notes
+
+
 # ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------
 
 def paper_table(models):
@@ -413,3 +462,32 @@ def paper_table(models):
                 rows.append(f"| {model} | {task} | {run} | "
                             + " | ".join(f"{values[k]:g}" for k in keys) + f" | {cited} |")
     return rows
+
+
+def main(argv=None):
+    """python lab/presets.py [--out FILE]: every --preset paper value of every MODELS entry with its
+    source, as markdown (results/paper_presets.md); one line on a bad flag."""
+    p = argparse.ArgumentParser(description="Print every --preset paper value and its source "
+                                            "(markdown).")
+    p.add_argument("--out", default=None, help="write the table here instead of printing it")
+    p.error = lambda m: (print(f"lab/presets.py: error: {checked.flag_message(m)}", file=sys.stderr),
+                         sys.exit(2))
+    args = p.parse_args(argv)
+    if args.out and Path(args.out).is_dir():
+        p.error(f"--out {args.out} is a folder: pass a file name, e.g. results/paper_presets.md")
+    text = "\n".join(["# `--preset paper`: every value and its source", "",
+                      "Written by `python lab/presets.py --out results/paper_presets.md` "
+                      "(tests/test_paper_presets.py checks that it is current). Sizes: "
+                      "docs/presets.md.", "",
+                      *paper_table(models.MODELS)])
+    if args.out and not checked.owned(args.out):         # a file of the user's: never overwritten
+        p.error(f"--out {args.out} exists and lab/presets.py did not write it (it is not in "
+                f"{Path(args.out).parent / checked.MANIFEST}): it is left untouched; pass another name")
+    if args.out:
+        checked.write_owned(args.out, text + "\n", "lab/presets.py")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main()

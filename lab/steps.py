@@ -20,56 +20,25 @@ import contextlib
 import hashlib
 import json
 import math
+import time
 from functools import partial
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import denoise
 import lra_data
-from lab import runs
+import models
+from lab import hardware, runs
+from lab.hardware import precision  # noqa: F401  (steps.precision: where tests and tools look)
 from lab.runs import fail
-from ssm import set_tf32
+from lra_data import clean_batch as collate  # noqa: F401  (steps.collate: its old name)
 
 # the progress bar and the non-finite guard read device values once every this many steps
 PROGRESS_STEPS = 25
-
-
-# ---- one training step, top to bottom --------------------------------------------------------
-
-def train_epoch(state, batches, desc):
-    """One pass over `batches`, each step as in nanoGPT: the global batch to the device, the
-    phase's corruption (an SPT objective's, or fine-tuning's denoise.labelled), forward and
-    backward over accum_steps micro-batches of this process's rows (DDP syncs gradients on the
-    last), the guarded optimiser step and the schedule (guard_step). The corruption sees the
-    progress (step / steps): a schedule is a local change. Device values are read once per
-    PROGRESS_STEPS steps. Returns this process's training statistics; a stop (Ctrl-C, SIGTERM) is
-    re-raised naming the step."""
-    (rank, world), phase, train = rank_and_world(), state.phase, {}
-    where = lambda: f"{desc.replace(' ', ' epoch ', 1)}, step {state.step}"  # noqa: E731
-    with runs.stopping_at(where), progress_bar(batches, desc, disable=rank > 0) as bar:
-        for batch in bar:
-            clean = to_device(batch, state.device)          # denoise.Clean, made by collate
-            b = phase.prepare(clean, state.gens["mask"], state.step / state.total)   # Batch
-            rows, keep = shard(len(b.weight))               # this process's examples of the batch
-            parts = micro_batches(rows, phase.accum_steps)
-            bad_loss = torch.zeros((), dtype=torch.bool, device=state.device)
-            for i, part in enumerate(parts):
-                with state.no_sync(last=i == len(parts) - 1), state.amp():
-                    loss, stats = phase.loss(state.forward, b, part, world)
-                (state.scaler.scale(loss * keep) if state.scaler else loss * keep).backward()
-                train = denoise.add(train, stats, keep)
-                bad_loss = bad_loss | ~torch.isfinite(loss.detach())
-            guard_step(state, bad_loss)
-            if state.step % PROGRESS_STEPS == 0 or state.step >= state.total:
-                check_finite(state, phase.name)
-                bar.set_postfix({k: f"{v:.4f}" for k, v in phase.metrics(train).items()})
-            if state.step >= state.total:
-                break
-        check_finite(state, phase.name)
-    return train
 
 
 @torch.no_grad()
@@ -93,22 +62,6 @@ def evaluate(model, phase, loader, seed, amp, predictions=None):
 
 
 # ---- the batch: the loader's collate, then the device ------------------------------------------
-
-def collate(examples, task):
-    """The loader's collate_fn (on the host, in its workers on CUDA): [(x, label)] of `task` ->
-    denoise.Clean: lra_data.collate's padded batch, token ids as they are or pixels as normalised
-    values with grey-level (Pathfinder) or value (Image) targets (lra_data.clean_input), the labels.
-    Retrieval: each document a row of its own (2B rows). padded is None when nothing is padded,
-    decided here on the host, so the step never reads a device value to know."""
-    x, lengths, labels = lra_data.collate(examples)                  # (B, L) or (B, 2, L)
-    if lra_data.TASKS[task].pair:
-        x, lengths = x.flatten(0, 1), lengths.flatten()                  # (2B, L), (2B,)
-    padded = lengths if bool((lengths < x.size(-1)).any()) else None
-    value, target = lra_data.clean_input(x, task)                           # (B, L) each
-    # content: the positions an objective may mask; a token task's last real token is the EOS
-    content = lengths - 1 if lra_data.TASKS[task].kind == "tokens" else lengths
-    return denoise.Clean(value, target, lengths, content, padded, lra_data.MASK, labels)
-
 
 def to_device(clean, device):
     """A collated denoise.Clean on `device`, each tensor moved once (non-blocking from pinned
@@ -149,26 +102,6 @@ def all_sum(total):
     return dict(zip(total, values.unbind()))
 
 
-def precision(args, device):
-    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler
-    or None). Default: bf16 autocast on CUDA with compute capability ≥ 8, fp16 autocast with a
-    gradient scaler on older GPUs (V100, T4), fp32 on CPU. TF32 is set explicitly for every choice:
-    on for "tf32" only. Under bf16 / fp16 autocast the only float32 matmuls left are the SSM
-    kernels', which must not use TF32 (ssm.Matmul guards them anyway), so TF32 there would buy
-    nothing. The SSM kernels and FFT convolutions run in fp32 inside autocast (ssm.py). --amp is the
-    old name of --precision bf16."""
-    name = args.precision or ("bf16" if args.amp else None)
-    if name is None:
-        name = "fp32" if device.type != "cuda" else (
-            "bf16" if torch.cuda.get_device_capability(device)[0] >= 8 else "fp16")
-    # by the setter that leaves torch's TF32 state readable from any state a user's code left
-    # (ssm.set_tf32, docs/gpu.md); also on a CPU, where only oneDNN on CPUs with TF32 units reads it
-    set_tf32(name == "tf32")
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name)
-    amp = partial(torch.autocast, device.type, dtype) if dtype else contextlib.nullcontext
-    return name, amp, torch.amp.GradScaler(device.type) if name == "fp16" else None
-
-
 class SeededOrder(torch.utils.data.Sampler):
     """A new permutation of the n examples at every pass, drawn from `gen` (its state is in
     last.pt), so one DataLoader (with persistent workers) serves every epoch and the order is that
@@ -185,15 +118,15 @@ class SeededOrder(torch.utils.data.Sampler):
 
 
 def loader(dataset, batch_size, args, device, order=None):
-    """Clean batches (collate) of `dataset`, a task args.task's split: in a new seeded order each
-    epoch (order: a torch.Generator) or in order. CUDA: pinned memory, persistent workers that
+    """Clean batches (lra_data.clean_batch) of `dataset`, a task args.task's split: in a new seeded
+    order each epoch (order: a SeededOrder of it) or in order. CUDA: pinned memory, persistent workers that
     prefetch (and collate)."""
     workers, cuda = args.workers, device.type == "cuda"
     # its worker seeds: not from the global (dropout) RNG
     seeds = torch.Generator().manual_seed(args.seed + 4)
     return torch.utils.data.DataLoader(
-        dataset, batch_size, sampler=order and SeededOrder(len(dataset), order),
-        collate_fn=partial(collate, task=args.task), num_workers=workers, pin_memory=cuda,
+        dataset, batch_size, sampler=order,
+        collate_fn=partial(lra_data.clean_batch, task=args.task), num_workers=workers, pin_memory=cuda,
         persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
         generator=seeds)
 
@@ -204,33 +137,107 @@ def progress_bar(batches, desc, disable):
 
 
 class Training:
-    """One phase in progress: the module saved (model) and the one that runs the batches (forward:
-    model or its DDP / compiled wrapper), optimiser, schedule, fp16 scaler, generators, autocast,
-    step and step budget."""
+    """One phase in progress, everything train.py's step needs besides the method: the module saved (model) and
+    the one that runs the batches (forward: model or its DDP / compiled wrapper), the optimiser (fused AdamW over
+    param_groups) and its schedule, the fp16 scaler (disabled otherwise: scale() is then the identity), the
+    generators, autocast (amp), the loaders, the step and step budget, the best evaluation so far. Made by
+    lab/run.Run.phase; log: a line (and record) to the run's log."""
 
-    def __init__(self, model, phase, args, device, n_train):
-        self.model, self.phase, self.device = model, phase, device
+    def __init__(self, phase, model, args, device, splits, meta, log):
+        self.model, self.phase, self.args, self.device, self.meta, self.log = model, phase, args, device, meta, log
+        self.rank, self.world = rank_and_world()
         self.forward, self.step = model, 0
-        self.total = min(phase.epochs * -(-n_train // phase.batch_size),
-                         args.max_steps or float("inf"))
+        n = len(splits["train"])
+        self.total = min(phase.epochs * -(-n // phase.batch_size), args.max_steps or float("inf"))
         # "order": batch order, as in TFS and SPT; "mask": SPT masks, drawn on the device
         self.gens = {"order": torch.Generator().manual_seed(args.seed + 1),
                      "mask": torch.Generator(device).manual_seed(args.seed + 2)}
-        _, self.amp, self.scaler = precision(args, device)
+        self.mask_gen = self.gens["mask"]
+        _, self.amp, fp16 = precision(args, device)
+        self.scaler = fp16 or torch.amp.GradScaler(device.type, enabled=False)
         # the guard's first [bad step, parameter]
         self.record = torch.full((2,), -1.0, device=device)
         self.step_t = torch.zeros((), device=device)  # the step on the device: no copy per step
+        if self.world > 1:
+            self.forward = DDP(model, device_ids=[device] if device.type == "cuda" else None)
+        if args.compile:
+            self.forward = hardware.compiled(self.forward, args)  # `model` is saved: plain keys
+        ssm_lr = meta["config"].get("ssm_lr", phase.lr)
+        groups = param_groups(model, phase.lr, args.weight_decay, ssm_lr, models.MODELS[args.model].ssm_params)
+        self.opt = torch.optim.AdamW(groups, fused=True)  # fused: its kernel can skip a step on the device
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, partial(
+            lr_factor, warmup=args.warmup, schedule=args.schedule, total=self.total))
+        self.best = {"name": f"val_{phase.select}", "value": None, "epoch": 0, "val": {}}
+        self.epochs_done, self.before, self.start = 0, 0.0, time.time()
+        self.train_loader = loader(splits["train"], phase.batch_size, args, device,
+                                   order=SeededOrder(n, self.gens["order"]))
+        self.val_loader = loader(splits["val"], phase.batch_size, args, device)
 
-    def optimizer(self, groups, factor):
-        """Fused AdamW over `groups` (its kernel can skip a step on the device) and the schedule
-        factor(step, total)."""
-        self.opt = torch.optim.AdamW(groups, fused=True)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, partial(factor, total=self.total))
+    def batches(self, epoch):
+        """The clean batches (collate) of one epoch, on the device, in this epoch's seeded order, under a progress
+        bar; each process draws its own dropout masks (rank 0's RNG is the one saved). An epoch that ends stops
+        at a recorded non-finite update (check_finite)."""
+        if self.rank > 0:
+            torch.manual_seed(self.args.seed + 1000 * self.rank + epoch)
+        with progress_bar(self.train_loader, f"{self.phase.name} {epoch}/{self.phase.epochs}",
+                          disable=self.rank > 0) as self.bar:
+            for batch in self.bar:
+                yield to_device(batch, self.device)             # denoise.Clean, made by collate
+            check_finite(self, self.phase.name)
 
-    def no_sync(self, last):
-        """DDP: no gradient all-reduce on a micro-batch but the last one."""
-        return (self.forward.no_sync() if dist.is_initialized() and not last
-                else contextlib.nullcontext())
+    def parts(self, n):
+        """This process's rows of a global batch of n examples (DDP: its share, shard) in phase.accum_steps
+        micro-batches -> (rows, keep, sync) each: keep False for a process left without rows (it computes row 0,
+        weighted 0, to join the all-reduce); sync: DDP's no_sync on every micro-batch but the last."""
+        rows, keep = shard(n)
+        parts = micro_batches(rows, self.phase.accum_steps)
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            yield part, keep, (self.forward.no_sync() if dist.is_initialized() and not last
+                               else contextlib.nullcontext())
+
+    def optimizer_step(self, losses, train):
+        """The guarded optimiser step and the schedule (guard_step); losses: the step's micro-batch losses (device
+        scalars). Every PROGRESS_STEPS steps, and at the last, device values are read once: a recorded non-finite
+        update stops the run, and the progress bar shows train's metrics (this epoch's statistics so far)."""
+        guard_step(self, ~torch.isfinite(torch.stack(losses)).all())
+        if self.step % PROGRESS_STEPS == 0 or self.step >= self.total:
+            check_finite(self, self.phase.name)
+            self.bar.set_postfix({k: f"{v:.4f}" for k, v in self.phase.metrics(train).items()})
+
+    def evaluation(self, epoch, since_eval):
+        """Evaluate on val; the best so far -> run.record's (line, record, checkpoint: last.pt's dict, the best
+        file when this evaluation improved, else None). since_eval: the training statistics since the last
+        evaluation. A non-finite validation loss stops the run in one line (check_finite_eval)."""
+        phase = self.phase
+        val = evaluate(self.forward, phase, self.val_loader, self.args.seed + 3, self.amp)
+        check_finite_eval(phase, epoch, val, self.best)     # never a non-finite best or last
+        score = (lambda r: -r["loss"]) if phase.select == "loss" else (lambda r: r["acc"])  # noqa: E731
+        improved = self.best["epoch"] == 0 or score(val) > score(self.best["val"])
+        if improved:
+            self.best = {"name": f"val_{phase.select}", "value": val[phase.select], "epoch": epoch, "val": val}
+        seconds = self.before + time.time() - self.start
+        metrics = dict(train=phase.metrics(all_sum(since_eval)), val=val, improved=improved, seconds=seconds)
+        line, entry = evaluation_log(phase, epoch, self.step, self.opt.param_groups[0]["lr"], metrics)
+        saved = {**self.meta, **self.saved(), "phase": phase.name, "epoch": epoch, "best": self.best,
+                 "seconds": seconds}
+        return line, entry, saved, phase.best_file if improved else None
+
+    def summary(self, last, stale):
+        """The phase's end (last: its last epoch; stale: evaluations since the best): --compile's counts and an
+        early stop in the log; DDP: every process waits (the others read spt.pt / best.pt next) -> {"metric",
+        "best", "epoch", "val", "steps", "seconds", "last_epoch", "stopped_early"}."""
+        if self.args.compile:                               # graphs so far, fallbacks, breaks
+            self.log(*hardware.compile_summary(self.phase.name))
+        stopped = 0 < self.phase.patience <= stale
+        if stopped:
+            self.log(f"{self.phase.name}: stopped after epoch {last}/{self.phase.epochs}: {self.best['name']} "
+                     f"not better than epoch {self.best['epoch']}'s for {stale} evaluations")
+        if self.world > 1:
+            dist.barrier()
+        return {"metric": self.best["name"], "best": self.best["value"], "epoch": self.best["epoch"],
+                "val": self.best["val"], "steps": self.step, "seconds": self.before + time.time() - self.start,
+                "last_epoch": last, "stopped_early": stopped}
 
     def saved(self):
         """What --resume needs beyond the phase's progress: weights, optimiser, schedule, fp16
@@ -238,15 +245,15 @@ class Training:
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                 "step": self.step, "scheduler": self.sched.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler else None,
+                "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
                 "device_type": self.device.type,
                 "rng": {"torch": torch.get_rng_state(), "cuda": cuda,
                         **{k: g.get_state() for k, g in self.gens.items()}}}
 
     def restore(self, ck):
-        """Inverse of saved(): continue exactly where the checkpoint `ck` (a last.pt) stopped. An
-        optimiser state of an older commit is upgraded (fused=True, which the device-side guard
-        needs); a state this code cannot read raises ValueError naming what is missing."""
+        """Inverse of saved(), with the phase's progress (epochs done, best, seconds): continue exactly where the
+        checkpoint `ck` (a last.pt) stopped. An optimiser state of an older commit is upgraded (fused=True, which
+        the device-side guard needs); a state this code cannot read raises ValueError naming what is missing."""
         try:
             optimizer = ck["optimizer"]
             for group in optimizer["param_groups"]:     # before the fused guard: fused=None
@@ -254,7 +261,7 @@ class Training:
             self.model.load_state_dict(ck["model"])
             self.opt.load_state_dict(optimizer)
             self.sched.load_state_dict(ck["scheduler"])
-            if self.scaler is not None and ck.get("scaler"):
+            if self.scaler.is_enabled() and ck.get("scaler"):
                 self.scaler.load_state_dict(ck["scaler"])
             torch.set_rng_state(ck["rng"]["torch"])
             # this GPU's only: the count may change
@@ -264,6 +271,7 @@ class Training:
                 g.set_state(ck["rng"][k])
             self.step = ck["step"]
             self.step_t.fill_(self.step)
+            self.best, self.epochs_done, self.before = ck["best"], ck["epoch"], ck["seconds"]
         except (KeyError, TypeError, RuntimeError, ValueError) as e:
             raise ValueError(f"{type(e).__name__}: {str(e).splitlines()[0][:120]}") from None
 
@@ -283,7 +291,7 @@ def guard_step(state, bad_loss):
     scaler's business (it skips and lowers its scale); only a non-finite loss is an error.
     bad_loss: a device bool, any micro-batch's loss was not finite. Nothing here reads a device
     value: check_finite does, once per progress interval. Then zero_grad and the schedule's step."""
-    opt, scaler = state.opt, state.scaler
+    opt, scaler = state.opt, (state.scaler if state.scaler.is_enabled() else None)
     if scaler is not None:
         scaler.unscale_(opt)
     params = [p for p in state.model.parameters() if p.requires_grad]

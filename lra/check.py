@@ -2,7 +2,7 @@
 expected: the split sizes of the LRA release and of the original datasets, each with where the number comes from
           (EXPECTED; a size no source confirmed says so instead of a number)
 found:    the layout looked for (data_dir, data_dir/lra_release/, data_dir/lra_release/lra_release/, as
-          lra/sources.release_path reads), the sizes read (lines, files, pickled rows; no cache is built), and one
+          lra/files.release_path reads), the sizes read (lines, files, pickled rows; no cache is built), and one
           line per problem (missing split, short split, files one folder level off, a difficulty mix-up) saying
           what to do
 notes:    shortfall_note: the data note of a run on a short release-format split (lra_data.load)
@@ -18,7 +18,7 @@ from pathlib import Path
 from lra import files as lra_files
 from lra.files import GENERATED_MARK, read_mark
 from lra.pathfinder import DIFFICULTIES
-from lra.sources import find_imdb, release_path
+from lra.files import find_imdb, release_path
 
 LRA_LISTOPS = "google-research/long-range-arena, lra_benchmarks/data/listops.py (its flags' defaults: " \
               "num_train_samples 96000, num_valid_samples 2000, num_test_samples 2000)"

@@ -385,3 +385,36 @@ def pathfinder_index(folder, side):
                      f"(0 images listed; {unused:,} PNGs in their imgs/<k>/ folders are not used)")
     note_if(blank, f"skipped {plural(blank, 'empty line')} in {folder / 'metadata'}/*.npy", notes)
     return paths, np.array(labels, np.int64), notes
+
+
+def unfinished_batches(out, params):
+    """The batches k < ⌈n / per_batch⌉ of a folder generated with `params` (read_mark) that have no metadata yet:
+    a run stopped or killed before it finished them."""
+    n, per_batch = params["n"], params.get("per_batch", 1000)
+    return [k for k in range(-(-n // per_batch)) if not (out / "metadata" / f"{k}.npy").exists()]
+
+
+def release_path(data_dir, rel):  # data_dir/rel or the unpacked release data_dir/lra_release/rel
+    candidates = [data_dir / rel, data_dir / "lra_release" / rel,
+                  data_dir / "lra_release" / "lra_release" / rel]
+    found = [c for c in candidates if c.exists()]
+    if len(found) > 1:
+        raise DataError(f"{rel} is there twice, {found[0]} and {found[1]}; which one to read is "
+                        f"not clear: move or delete one of them (or point --data-dir at the "
+                        f"folder that holds the one you mean)")
+    return found[0] if found else candidates[0]
+
+
+def find_imdb(data_dir):
+    for root in (data_dir / "aclImdb", data_dir):  # the unpacked folder, or data_dir is that folder
+        if all((root / s / lab).is_dir() for s in ("train", "test") for lab in ("pos", "neg")):
+            return root
+    tars = sorted(data_dir.glob("aclImdb*.tar.gz"),
+                  key=lambda p: (p.name != "aclImdb_v1.tar.gz", p.name))
+    if tars:
+        return tars[0]
+    raise DataError(f"no IMDB reviews: looked for "
+                    f"{data_dir / 'aclImdb'}/{{train,test}}/{{pos,neg}}/, "
+                    f"{data_dir}/{{train,test}}/{{pos,neg}}/ and {data_dir}/aclImdb*.tar.gz; "
+                    f"download aclImdb_v1.tar.gz from Stanford's Large Movie Review Dataset "
+                    f"(aclImdb) page into {data_dir}")

@@ -19,7 +19,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from lra.files import GENERATED_MARK, check_output_folder, orphaned, read_mark, run_jobs, tick, write_mark
+from lra.files import (GENERATED_MARK, check_output_folder, orphaned, read_mark, run_jobs, tick,
+                       unfinished_batches, write_mark)
 
 # Names used below (y, x = row, column; the repo's shape legend B, L, D, ... does not apply in this file):
 #   dash        one short anti-aliased line segment ("paddle" in snakes2); a path ("snake") is a chain of dashes
@@ -432,13 +433,6 @@ def pathfinder_folder(root, res, contour_length):
     name = next((d.folder for d in DIFFICULTIES.values() if d.contour_length == contour_length),
                 f"curv_contour_length_{contour_length}")
     return Path(root) / f"pathfinder{res}" / name
-
-
-def unfinished_batches(out, params):
-    """The batches k < ⌈n / per_batch⌉ of a folder generated with `params` (read_mark) that have no metadata yet:
-    a run stopped or killed before it finished them."""
-    n, per_batch = params["n"], params.get("per_batch", 1000)
-    return [k for k in range(-(-n // per_batch)) if not (out / "metadata" / f"{k}.npy").exists()]
 
 
 def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers=1, per_batch=1000):

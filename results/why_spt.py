@@ -116,8 +116,8 @@ def this_cpu():
     """This machine's CPU model, as train.py records it (lab/provenance.machine)."""
     sys.path.insert(0, str(REPO))
     import torch
-    from lab import provenance
-    return provenance.machine(torch.device("cpu"))["cpu"]
+    from lab.run import machine
+    return machine(torch.device("cpu"))["cpu"]
 
 
 def pilot_choice(pilot, models):

@@ -79,3 +79,12 @@ def interrupt_at_step(monkeypatch, n):
         return step(*a)
     monkeypatch.setattr(steps, "guard_step", stop)
     return step
+
+
+def settled(argv):
+    """train.py's flags of argv with the presets applied and every check made, as a run opens them (lab/presets.settle)
+    -> (args, the backbone config)."""
+    import train
+    from lab import presets
+    args, given, _ = train.parse_flags(argv)
+    return args, presets.settle(args, given)[0]

@@ -17,9 +17,10 @@ import torch
 from PIL import Image
 
 import lra_data
-from lab import runs
+from lab import run as run_module, runs
 from lab import steps
 import train
+from lab import presets
 from conftest import TINY, interrupt_at_step, records, run
 from lra import files as lra_files
 from lra.files import DataError
@@ -210,7 +211,7 @@ def test_a_sigterm_between_the_best_checkpoint_and_last_pt_waits_for_last_pt_and
             sent.append(state["epoch"])
             os.kill(os.getpid(), signal.SIGTERM)                      # lands between spt.pt and last.pt
     before = signal.getsignal(signal.SIGTERM)
-    runs.stop_on_sigterm()                                            # train.main installs it; the kill needs it now
+    run_module.stop_on_sigterm()                                            # train.main installs it; the kill needs it now
     assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
     monkeypatch.setattr(runs, "save_checkpoint", save_then_sigterm)
     try:
@@ -219,7 +220,7 @@ def test_a_sigterm_between_the_best_checkpoint_and_last_pt_waits_for_last_pt_and
                 "--epochs", "1")
     finally:
         signal.signal(signal.SIGTERM, before)
-        runs.STOP["cause"] = "Ctrl-C"
+        run_module.STOP["cause"] = "Ctrl-C"
     assert sent == [1], sent
     line = one_line(capsys, 143, f"stopped by SIGTERM at spt epoch {sent[0]}, writing checkpoints", e)
     (folder,) = tmp_path.iterdir()
@@ -232,19 +233,19 @@ def test_a_sigterm_between_the_best_checkpoint_and_last_pt_waits_for_last_pt_and
 
 def test_a_stop_held_in_a_block_that_fails_is_not_left_for_a_later_block(monkeypatch):
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setitem(runs.STOP, "cause", "Ctrl-C")
-    runs.stop_on_sigterm()
+    monkeypatch.setitem(run_module.STOP, "cause", "Ctrl-C")
+    run_module.stop_on_sigterm()
     try:
         with pytest.raises(OSError):
-            with runs.held_stops():
+            with run_module.held_stops():
                 os.kill(os.getpid(), signal.SIGTERM)                  # held...
                 time.sleep(0.01)
                 raise OSError("disk full")                            # ...and the write then fails
-        assert runs.STOP["held"] == 0 and not runs.STOP["pending"], runs.STOP
-        with runs.held_stops():                                       # a later run's writes: nothing fires
+        assert run_module.STOP["held"] == 0 and not run_module.STOP["pending"], run_module.STOP
+        with run_module.held_stops():                                       # a later run's writes: nothing fires
             pass
         with pytest.raises(KeyboardInterrupt):                        # a held stop does fire at the block's end
-            with runs.held_stops():
+            with run_module.held_stops():
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(0.01)
     finally:
@@ -416,8 +417,8 @@ def tool_main(script):
     ("lra_data.py", ["--workers", "0"], "--workers 0"),
     ("lra_data.py", ["--generate", "5"], "--generate 5"),
     ("lra_data.py", ["--task", "nope"], "--task"),
-    ("models.py", ["--out", "results"], "--out results is a folder"),
-    ("models.py", ["--nope"], "unrecognized arguments"),
+    ("lab/presets.py", ["--out", "results"], "--out results is a folder"),
+    ("lab/presets.py", ["--nope"], "unrecognized arguments"),
     ("results/summarize.py", ["--runs", "no/such/folder"], "no/such/folder"),
     ("results/summarize.py", ["--runs", "docs"], "--runs docs: no run folders in it"),
     ("results/summarize.py", ["--out", "README.md"], "--out README.md is a file"),
@@ -442,7 +443,7 @@ def test_every_command_line_tool_refuses_a_bad_flag_in_one_line_with_status_2(sc
 
 # ---- every numeric flag of every tool: finite, in range, at parse time -------------------------
 
-TOOLS = ["train.py", "tools/bench.py", "lra_data.py", "models.py", "results/control.py", "results/kernels.py",
+TOOLS = ["train.py", "tools/bench.py", "lra_data.py", "lab/presets.py", "results/control.py", "results/kernels.py",
          "results/summarize.py"]
 
 
@@ -574,10 +575,10 @@ def test_a_non_finite_validation_loss_stops_the_run_and_best_pt_stays_the_last_f
 ])
 def test_a_flag_the_chosen_objective_does_not_use_is_named_as_ignored(argv, says):
     args, given, _ = train.parse_flags(argv)
-    notes = train.unused_flag_notes(args, given)
+    notes = presets.unused_flag_notes(args, given)
     assert len(notes) == 1 and says in notes[0], notes
     args, given, _ = train.parse_flags(["--spt", "--objective", "span", "--span-mean", "4", "--mask-ratio", "0.2"])
-    assert train.unused_flag_notes(args, given) == [], "the objective's own flags are used"
+    assert presets.unused_flag_notes(args, given) == [], "the objective's own flags are used"
 
 
 # ---- a tool overwrites or deletes only its own files (point 1) ----------------------------------------------------
@@ -624,7 +625,7 @@ def test_summarize_deletes_and_overwrites_only_its_own_files_in_out(tiny_study, 
     ("tools/bench.py", ["--out", "{tmp}/b.md"], "pass a .json name"),
     ("tools/bench.py", ["--out", "{tmp}/mine.json"], "mine.json exists and tools/bench.py did not write it"),
     ("tools/bench.py", ["--out", "{tmp}/mine"], "mine.md exists and tools/bench.py did not write it"),
-    ("models.py", ["--out", "{tmp}/mine.json"], "exists and models.py did not write it"),
+    ("lab/presets.py", ["--out", "{tmp}/mine.json"], "exists and lab/presets.py did not write it"),
 ])
 def test_a_tool_refuses_to_overwrite_a_file_it_did_not_write_and_formats_never_share_a_path(script, argv, says,
                                                                                           tmp_path, capsys):

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import models
-import objectives
-from lab import steps
+
+from lab import presets, steps
 import train
 from conftest import TINY, records, run
 from lra.listops import generate_listops
@@ -57,11 +57,11 @@ def forked(tmp_path, monkeypatch):
     for how, path, code in recipe_blocks():
         if how == "new file" and not path.startswith("tests/"):
             (tmp_path / path).write_text(code)
-    for name, table in ((models, "MODELS"), (objectives, "OBJECTIVES"), (steps, "SCHEDULES")):
+    for name, table in ((models, "MODELS"), (models, "OBJECTIVES"), (steps, "SCHEDULES")):
         monkeypatch.setattr(name, table, dict(getattr(name, table)))
     monkeypatch.setattr(train, "MODELS", models.MODELS)
-    monkeypatch.setattr(train, "OBJECTIVES", objectives.OBJECTIVES)
-    for module in (models, objectives, steps):
+    monkeypatch.setattr(train, "OBJECTIVES", models.OBJECTIVES)
+    for module in (models, steps):
         before = dict(vars(module))
         for code in blocks_for(module.__name__.replace(".", "/") + ".py"):
             exec(compile(code, str(DOC), "exec"), vars(module))
@@ -142,13 +142,13 @@ def test_a_model_knob_the_chosen_model_lacks_is_named_as_ignored(data_dir, tmp_p
 
 def test_an_objective_added_as_one_entry_pre_trains_records_its_flags_and_corrupts_as_declared(forked, data_dir,
                                                                                             tmp_path, monkeypatch):
-    seen, bert = [], objectives.OBJECTIVES["bert"]
+    seen, bert = [], models.OBJECTIVES["bert"]
 
     def spy(clean, gen, progress, **flags):
         b = bert.prepare(clean, gen, progress, **flags)
         seen.append(((b.x == clean.mask_id) & b.weight.bool()).sum() / b.weight.sum())
         return b
-    monkeypatch.setitem(objectives.OBJECTIVES, "bert", bert._replace(prepare=spy))
+    monkeypatch.setitem(models.OBJECTIVES, "bert", bert._replace(prepare=spy))
     results, folder = run(data_dir, tmp_path, "--model", "dlr", "--task", "listops", "--spt", "--objective", "bert",
                           "--bert-random", "0.2", "--pretrain-epochs", "3", "--epochs", "1")
     assert results["spt_objective"] == dict(objective="bert", mask_ratio=0.1, bert_mask=0.8, bert_random=0.2)
@@ -162,10 +162,10 @@ def test_an_added_objectives_own_flags_are_checked_and_named_when_unused(forked,
         train.main(["--objective", "bert", "--spt", "--bert-mask", "1.5", "--data-dir", str(data_dir)])
     assert e.value.code == 2 and "--bert-mask 1.5 must be in [0, 1]" in capsys.readouterr().err
     args, given, _ = train.parse_flags(["--spt", "--objective", "span", "--bert-mask", "0.5"])
-    assert train.unused_flag_notes(args, given) == ["note: --bert-mask belongs to --objective bert, not span: "
+    assert presets.unused_flag_notes(args, given) == ["note: --bert-mask belongs to --objective bert, not span: "
                                                     "ignored"]
     args, given, _ = train.parse_flags(["--bert-mask", "0.5"])
-    assert train.unused_flag_notes(args, given) == ["note: --bert-mask only acts with --spt: ignored"]
+    assert presets.unused_flag_notes(args, given) == ["note: --bert-mask only acts with --spt: ignored"]
 
 
 def test_an_objective_with_a_model_of_its_own_trains_as_one_entry_and_hands_over_its_backbone(forked, data_dir,
@@ -328,7 +328,7 @@ def test_a_knob_reaches_its_tensor_through_at_most_three_files(data_dir, tmp_pat
     assert state.done and state.value == 300, state.visits
     assert len(set(path)) <= 3, f"--d-state crosses {len(set(path))} files: {path}"
     name = "".join(["r", "td"])                  # not the interned literal "rtd" of the code: the object argv gives
-    rtd = KnobTrace(name, "objective", "rtd_batch_loss", entry=objectives.OBJECTIVES["rtd"])
+    rtd = KnobTrace(name, "objective", "rtd_batch_loss", entry=models.OBJECTIVES["rtd"])
     path = traced(data_dir, tmp_path / "rtd", rtd, monkeypatch, "--model", "dlr", "--spt", "--pretrain-epochs", "1",
                   "--objective", name)
     assert rtd.done, rtd.visits
@@ -339,12 +339,12 @@ def test_a_knob_reaches_its_tensor_through_at_most_three_files(data_dir, tmp_pat
             print(f"  {trace.name}: {' -> '.join(trace.path())}")
 
 
-# ---- one training step reads in two files: a trace of the first step of each phase ------------------------------
+# ---- one training step reads in train.py and two files: a trace of the first step of each phase ---------------
 
 class StepTrace:
-    """The repo files whose code runs in the first training step of each phase: from the moment the loader hands
-    over a collated batch (steps.to_device, called by steps.train_epoch) until the optimiser step returns
-    (steps.guard_step). Code that runs below a torch frame is the model's forward (nn.Module.__call__), the
+    """The repo files whose code runs in the first training step of each phase, which train.py's train_phase writes
+    out: from the moment the loader hands over a collated batch (steps.to_device, called by Training.batches) until
+    the optimiser step returns (steps.guard_step). Code that runs below a torch frame is the model's forward (nn.Module.__call__), the
     optimiser's or autograd's: those files go to `model`, the rest to `step` (docs/fork.md, "One training step")."""
 
     def __init__(self):
@@ -354,7 +354,7 @@ class StepTrace:
         code = frame.f_code
         here = Path(code.co_filename)
         ours = code.co_filename.startswith(str(REPO)) and "/tests/" not in code.co_filename
-        if event == "call" and ours and code.co_name == "to_device" and frame.f_back.f_code.co_name == "train_epoch":
+        if event == "call" and ours and code.co_name == "to_device" and frame.f_back.f_code.co_name == "batches":
             self.active = True
         if not self.active:
             return
@@ -364,7 +364,7 @@ class StepTrace:
         if event != "call" or not ours:
             return
         below, f = False, frame.f_back
-        while f is not None and f.f_code.co_name != "train_epoch":
+        while f is not None and f.f_code.co_name != "train_phase":
             below = below or "/torch/" in f.f_code.co_filename
             f = f.f_back
         (self.model if below else self.step).add(str(here.relative_to(REPO)))
@@ -383,7 +383,7 @@ def step_files(data_dir, tmp_path, *flags):
 @pytest.mark.parametrize("flags", [("--model", "dlr"), ("--model", "dlr", "--spt", "--pretrain-epochs", "1"),
                                    ("--model", "transformer", "--spt", "--pretrain-epochs", "1", "--objective", "rtd")],
                          ids=["finetune", "masked-spt", "rtd-spt"])
-def test_one_training_step_reads_in_two_files_steps_and_denoise_besides_the_models_forward(data_dir, tmp_path, flags,
+def test_one_training_step_reads_train_py_and_two_files_steps_and_denoise_besides_the_models_forward(data_dir, tmp_path, flags,
                                                                                           capsys):
     trace = step_files(data_dir, tmp_path, *flags)
     assert trace.phases == 1 + ("--spt" in flags), f"the trace saw {trace.phases} first steps"
@@ -402,7 +402,7 @@ def test_a_fork_that_reassigns_a_built_in_model_or_objective_or_names_a_field_li
     cases = [("MODELS['dlr'] replaced", lambda: monkeypatch.setitem(models.MODELS, "dlr", models.MODELS["s4"]),
               "MODELS['dlr'] was replaced"),
              ("OBJECTIVES['masked'] replaced", lambda: monkeypatch.setitem(
-                 objectives.OBJECTIVES, "masked", objectives.OBJECTIVES["span"]), "OBJECTIVES['masked'] was replaced")]
+                 models.OBJECTIVES, "masked", models.OBJECTIVES["span"]), "OBJECTIVES['masked'] was replaced")]
     Warm = dataclasses.make_dataclass("WarmConfig", [("warmup", int, dataclasses.field(default=3))],
                                       bases=(models.MODELS["dlr"].Config,))     # made at run time: no source either
     cases.append(("a field named warmup", lambda: monkeypatch.setitem(

@@ -17,7 +17,7 @@ import torch
 
 from tools import bench
 import models
-from lab import presets
+from lab import hardware, presets
 import ssm
 import train
 from tools import gpu_check
@@ -119,7 +119,7 @@ def test_the_tf32_part_fails_on_a_setter_that_mixes_torchs_tf32_apis(tmp_path, m
     if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         return                                     # a torch without the new API cannot mix them
     old = ssm.matmul_precision()
-    monkeypatch.setattr(gpu_check.steps, "set_tf32", lambda on: setattr(
+    monkeypatch.setattr(hardware, "set_tf32", lambda on: setattr(
         torch.backends.cuda.matmul, "fp32_precision", "tf32" if on else "ieee"))
     check = gpu_check.Check.__new__(gpu_check.Check)
     check.args = bench.parse_args(["--gpu-check", "--out-dir", str(tmp_path)])

@@ -12,6 +12,7 @@ import models
 from lab import steps
 from lab import memory
 import train
+from conftest import settled
 from lab import presets
 
 
@@ -51,7 +52,7 @@ def planned(monkeypatch, card_bytes, *flags):
     """memory.plan_memory of `train.py --preset paper *flags` on a simulated CUDA card of card_bytes (all free) ->
     (args, record)."""
     monkeypatch.setattr(memory, "card_memory", lambda device: (card_bytes, card_bytes))
-    args, cfg, _, _, _ = train.settle(["--preset", "paper", *flags])
+    args, cfg = settled(["--preset", "paper", *flags])
     args.precision = args.precision or "bf16"
     _, record = memory.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), 1)
     return args, record
@@ -98,16 +99,16 @@ def test_an_explicit_accum_steps_is_kept_and_estimated(monkeypatch):
 def test_the_memory_plan_and_the_training_step_take_their_batch_functions_from_one_place(objective, phase,
                                                                                          monkeypatch):
     """One batch path: the memory estimate runs the run's own objective (rtd: its generator too) through the very
-    functions the step calls (objectives.batch_functions), never a copy of a corruption."""
-    import objectives
-    seen, real = [], objectives.batch_functions
+    functions the step calls (models.batch_functions), never a copy of a corruption."""
+    import models as objectives
+    seen, real = [], models.batch_functions
 
     def spy(*a):
         fns = real(*a)
         seen.append(fns[:2])
         return fns
     monkeypatch.setattr(objectives, "batch_functions", spy)
-    flags = {k: f.default for k, f in objectives.OBJECTIVES[objective].flags.items()} if objective else None
+    flags = {k: f.default for k, f in models.OBJECTIVES[objective].flags.items()} if objective else None
     values = {**presets.values_for("tiny", "dlr", "listops", phase == "spt"), "d_model": 8, "n_layers": 1,
               "d_state": 8}
     build, forward = memory.training_case("dlr", "listops", values, phase, 2, 32, objective, flags)

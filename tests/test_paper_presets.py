@@ -1,4 +1,4 @@
-"""Facts about `--preset paper` (the paper's Tables 2, 4, 5 and the authors' configs; lab/presets.py; `python models.py` prints them): every paper-scale
+"""Facts about `--preset paper` (the paper's Tables 2, 4, 5 and the authors' configs; lab/presets.py; `python lab/presets.py` prints them): every paper-scale
 classifier train.py builds has the parameter count printed in the README ("Paper-preset model sizes"), and runs one
 forward and backward pass with a finite loss and finite gradients. The pass is at a reduced length (L = 128, B = 2) on
 CPU, so the GPU-sized models are checked in seconds."""
@@ -16,6 +16,7 @@ import models
 from lab import presets
 from lab import steps
 import train
+from conftest import settled
 
 README = Path(__file__).resolve().parents[1] / "docs" / "presets.md"
 HEADING = "Paper-preset model sizes"
@@ -132,7 +133,7 @@ def test_committed_table_of_paper_presets_and_their_sources_is_current():
     from lab import presets
     table = (README.parents[1] / "results" / "paper_presets.md").read_text(encoding="utf-8").splitlines()
     rows = presets.paper_table(train.MODELS)
-    assert all(row in table for row in rows), "results/paper_presets.md is stale: python models.py --out results/paper_presets.md"
+    assert all(row in table for row in rows), "results/paper_presets.md is stale: python lab/presets.py --out results/paper_presets.md"
     for row in rows[2:]:
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert all(cells) and "None" not in cells and ":" in cells[-1], f"a value or its source is missing: {row}"
@@ -154,7 +155,7 @@ def test_an_explicit_batch_size_is_split_to_the_micro_batch_that_fits_not_the_pr
     monkeypatch.setattr(memory, "card_memory", lambda device: (80 * 2**30, 80 * 2**30))     # an 80 GB card
 
     def settings(*flags):
-        args, cfg, _, _, _ = train.settle(["--model", "s4", "--task", "retrieval", "--preset", "paper", *flags])
+        args, cfg = settled(["--model", "s4", "--task", "retrieval", "--preset", "paper", *flags])
         args.precision = "bf16"
         memory.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), 1)
         return args.batch_size, args.accum_steps

@@ -161,12 +161,12 @@ def test_generator_marks_its_folder_first_and_never_overwrites_a_file_even_there
 
 
 def test_generating_with_workers_under_the_stop_handler_prints_no_traceback(tmp_path):
-    # train.py and lra_data.py install runs.stop_on_sigterm before they generate; the pool's workers inherited it and,
+    # train.py and lra_data.py install lab/run.stop_on_sigterm before they generate; the pool's workers inherited it and,
     # terminated by the pool at its end, printed "Process ForkPoolWorker-2: Traceback ... raise KeyboardInterrupt"
     import subprocess
     import sys
     from pathlib import Path
-    code = ("from lab import runs; runs.stop_on_sigterm(); from lra import pathfinder; "
+    code = ("from lab import run; run.stop_on_sigterm(); from lra import pathfinder; "
             f"pathfinder.generate_pathfinder({str(tmp_path)!r}, n=24, per_batch=6, workers=2)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[1])

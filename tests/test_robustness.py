@@ -24,11 +24,11 @@ from lra.listops import generate_listops
 from lra.pathfinder import generate_pathfinder
 from lab import steps
 import train
-from conftest import TINY, records, run
+from conftest import settled, TINY, records, run
 from lab import hardware
 from lab import presets
 import models
-import objectives
+
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -208,7 +208,7 @@ def test_a_paper_presets_accumulation_is_per_process_and_halves_under_two_proces
     counts = {}
     for world in (1, 2):
         monkeypatch.setenv("WORLD_SIZE", str(world))
-        args, cfg, _, _, _ = train.settle(["--preset", "paper", "--model", "s4", "--task", "retrieval", "--spt"])
+        args, cfg = settled(["--preset", "paper", "--model", "s4", "--task", "retrieval", "--spt"])
         args.precision = "bf16"
         memory.plan_memory(args, dict(config=dataclasses.asdict(cfg)), torch.device("cuda"), world)
         counts[world] = args.accum_steps
@@ -645,7 +645,7 @@ def test_gradient_accumulation_over_k_micro_batches_equals_one_full_batch(task, 
                  vocab_size=spec.vocab_size if task == "listops" else None,
                  d_input=1 if task == "listops" else 2, norm="layer")
     if objective:
-        model = objectives.Denoiser(Model(cfg), 8, objectives.n_outputs(task)).double()
+        model = models.Denoiser(Model(cfg), 8, models.n_outputs(task)).double()
         b = denoise.masked(batch, argparse.Namespace(mask_ratio=0.3),
                            torch.Generator().manual_seed(1), 0.0)
     else:

@@ -19,7 +19,7 @@ from lra.listops import generate_listops
 from lab import steps
 import train
 from conftest import records, run
-import objectives
+
 from lab import presets
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,7 @@ def test_pooling_reads_real_positions_only():
 def test_load_backbone_refuses_any_unexpected_difference():
     Config, Model = train.MODELS["dlr"][:2]
     cfg = Config(d_model=8, n_layers=1, d_state=4, vocab_size=19)
-    source = objectives.Denoiser(Model(cfg), 8, 19).state_dict()
+    source = models.Denoiser(Model(cfg), 8, 19).state_dict()
     target = models.Classifier(Model(cfg), 8, 10, "mean", pair=False)
     dropped, new = models.load_backbone(target, source)
     assert dropped == ["denoise_head.bias", "denoise_head.weight"] and new == ["head.bias", "head.weight"]
@@ -275,7 +275,7 @@ def test_image_targets_are_normalised_values_scored_by_l1_and_r2():
     mean = denoise.metrics(stats(torch.full((1024, 1), t.mean().item())))
     assert perfect["loss"] < 1e-6 and abs(perfect["r2"] - 1) < 1e-6, f"perfect prediction scored {perfect}"
     assert abs(mean["r2"]) < 1e-4, f"predicting the mean must give R² ≈ 0, got {mean['r2']:.4f}"
-    assert objectives.n_outputs("pathfinder") == 256 and objectives.n_outputs("image") == 1
+    assert models.n_outputs("pathfinder") == 256 and models.n_outputs("image") == 1
 
 
 def test_pathfinder_targets_are_grey_levels_and_inputs_are_scaled_to_plus_minus_one():

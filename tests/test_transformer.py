@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from conftest import records, run
 from lra.listops import generate_listops
-from lab import provenance
+from lab.run import machine
 from transformer import (POSITIONS, SSM_PARAMS, Transformer, TransformerConfig, attention, block_local_attention,
                          key_mask, rotary_angles, rotate, sinusoidal_embedding)
 
@@ -337,7 +337,7 @@ def test_default_spt_run_logs_what_the_code_before_pos_logged(tmp_path):
                      "--pretrain-epochs", "2", "--epochs", "2")
     got = [(r["phase"], r["train_loss"], r["val_loss"], r["val_acc"]) for r in records(run_dir) if "val_acc" in r]
     assert json.loads((run_dir / "config.json").read_text())["config"]["pos"] == "rotary"
-    same_machine = (provenance.machine(torch.device("cpu"))["cpu"], torch.__version__) == BEFORE_POS["machine"]
+    same_machine = (machine(torch.device("cpu"))["cpu"], torch.__version__) == BEFORE_POS["machine"]
     if same_machine:       # one float32 rounding of a validation sum apart at most (seen on an AMD EPYC, 2026-12-07:
         # the last fine-tuning val_loss, 2.376742362976074 against the record's 2.376742124557495), the rest exact
         assert [g[:2] + g[3:] for g in got] == [b[:2] + b[3:] for b in BEFORE_POS["spt_run"]], got

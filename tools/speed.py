@@ -19,7 +19,7 @@ import models
 import ssm
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
-from lab import provenance
+from lab.run import git_commit
 from lab.memory import device_type, memory_mib, simulated_peak, table, training_case
 from transformer import Transformer, TransformerConfig
 from lab import presets
@@ -255,7 +255,7 @@ def machine_info(argv, args):
     return dict(cpu=torch.cuda.get_device_name(args.device) if gpu else cpu, cores=os.cpu_count(),
                 torch_threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                 omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), load=[round(x, 2) for x in os.getloadavg()],
-                torch=torch.__version__, commit=provenance.git_commit(), command=" ".join(["python tools/bench.py", *argv]))
+                torch=torch.__version__, commit=git_commit(), command=" ".join(["python tools/bench.py", *argv]))
 
 
 
