@@ -1,22 +1,14 @@
 """models.py: what train.py trains: a backbone (one MODELS entry each) with a head on top, and, for SPT, the
-objective's model around it (one OBJECTIVES entry each).
-entry:      Model(Config, build, ssm_params): the config dataclass, Config -> backbone (forward(x, lengths) -> (B, L, D)
-            features), the parameters with their own lr; --model's choices, the model flags (every config field),
-            the presets and the tests' model lists all read MODELS, so a new model is its file and one entry here
-            (docs/fork.md). `paper`: a fork's own --preset paper values (the paper's are lab/presets.py's)
-objective:  Objective(prepare, flags, doc, model, loss, metrics, backbone, refuse): everything an SPT objective is,
-            in one place: its corruption (a function of denoise.py), its own flags (defaults, range checks, help),
-            its one-line description, the SPT model it trains around the backbone (default: a per-position
-            denoising head; rtd: ELECTRA's generator and discriminator), its loss and metrics, how its pre-trained
-            weights become the fine-tuning backbone, and the check that refuses a run it cannot serve. An entry's
-            flags reach its functions as keyword arguments: each function names the ones it reads (bound)
-classifier: logits = W·pool(backbone(x)) over real positions (mean / max / last); Retrieval: [a, b, a−b, a·b] (LRA)
-inputs:     token ids stay ids; pixels become [normalised value, mask indicator] (Amos et al. 2024, App. C;
-            clean_input, which the loader's collate applies)
-checkpoint: build_model / load_model rebuild a train.py checkpoint's model; load_backbone hands SPT's backbone on
-The corruptions and losses are denoise.py's.
-Check: tests/test_fork.py (a model, and an objective with a model of its own, added as one entry each),
-tests/test_train.py (pooling ignores pads, checkpoints reload exactly), tests/test_paper_presets.py.
+objective's model around it (one OBJECTIVES entry each). Flags, checks, presets and tests read both dicts, so a new
+model is its file and one entry, a new objective its corruption and one entry (docs/fork.md).
+entry:      Model(Config, build, ssm_params, paper): the config dataclass (each field a flag), Config -> backbone
+            (forward(x, lengths) -> (B, L, D)), the parameters with their own lr, a fork's own --preset paper values
+objective:  Objective(prepare, flags, doc, model, loss, metrics, backbone, refuse): its corruption (denoise.py), its
+            own flags (passed by name to the functions that name them), the SPT model around the backbone (default:
+            a denoising head; rtd: ELECTRA's pair), loss, metrics, the backbone hand-over, the runs it refuses
+classifier: logits = W·pool(backbone(x)) over real positions (mean / max / last); Retrieval: [a, b, a−b, a·b] (LRA);
+            pixels are read as [normalised value, mask indicator] (Amos et al. 2024, App. C)
+Check: tests/test_fork.py, tests/test_train.py (pooling ignores pads, checkpoints reload), test_paper_presets.py.
 """
 import argparse
 import dataclasses
@@ -232,17 +224,16 @@ def batch_functions(phase, task, objective=None, flags=None):
 
 def fill_defaults(args, run):
     """Every objective flag left unset (None) that its Flag derives from the run (the task's mask
-    ratio, the generator's width) gets that value in args."""
+    ratio, the generator's width) gets that value in args; then, with --spt, the objective's check:
+    ValueError (one line) when it cannot serve this run (its entry's refuse)."""
     for entry in OBJECTIVES.values():
         for name, flag in entry.flags.items():
             if flag.derive is not None and getattr(args, name) is None:
                 setattr(args, name, flag.derive(run))
-
-
-def spt_head(name, flags):
-    """The checkpoint's description of an SPT model: which objective, with which flag values
-    (build_model rebuilds it from that)."""
-    return dict(kind="spt", objective=name, flags=dict(flags))
+    objective = OBJECTIVES[args.objective]
+    if args.spt and objective.refuse and (why := objective.bound("refuse", {
+            k: getattr(args, k) for k in objective.flags})(run)):
+        raise ValueError(why)
 
 
 def backbone_state(ck):
@@ -255,8 +246,34 @@ def backbone_state(ck):
 
 
 def spt_model(backbone, head, run):
-    """The SPT model of checkpoint head `head` (spt_head) around `backbone`."""
+    """The SPT model of checkpoint head `head` ({"kind": "spt", "objective", "flags"}) around `backbone`."""
     return OBJECTIVES[head["objective"]].bound("model", head["flags"])(backbone, run)
+
+
+def unused_flag_notes(args, given):
+    """One line per kind of flag typed but not used by this run: SPT flags without --spt, an
+    objective's flags with another objective, a model knob the chosen model's config lacks."""
+    def named(keys):
+        return ", ".join("--" + k.replace("_", "-") for k in sorted(keys))
+    notes, objective = [], OBJECTIVES[args.objective]
+    spt_only = given & {"objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size",
+                        "pretrain_accum_steps", "pretrain_patience",
+                        *(n for o in OBJECTIVES.values() for n in o.flags)}
+    other_objective = given & {n for o in OBJECTIVES.values() for n in o.flags} - set(objective.flags)
+    if spt_only and not args.spt:
+        notes.append(f"note: {named(spt_only)} only act{'s' * (len(spt_only) == 1)} with --spt: "
+                     f"ignored")
+    elif other_objective:
+        owners = sorted({k for k, o in OBJECTIVES.items() if other_objective & set(o.flags)})
+        notes.append(f"note: {named(other_objective)} belong{'s' * (len(other_objective) == 1)} "
+                     f"to --objective {' / '.join(owners)}, not {args.objective}: ignored")
+    fields = knobs()
+    unused = {k for k in given & set(fields) if args.model not in fields[k][2]}
+    if unused:
+        owners = sorted({m for k in unused for m in fields[k][2]})
+        notes.append(f"note: {named(unused)}: no such field in the {args.model} config (only "
+                     f"{', '.join(owners)}): ignored")
+    return notes
 
 
 # ---- the model knobs: every config field is a flag of train.py, declared once, in its dataclass ----
@@ -411,20 +428,3 @@ def load_backbone(model, state):
                            f"{sorted(set(result.missing_keys) - set(new_head))}, "
                            f"unexpected {result.unexpected_keys}")
     return old_head, new_head
-
-
-def check_init_checkpoint(ck, model_name, task, config):
-    """ValueError (one line) unless checkpoint dict ck has a backbone this run (model_name on task,
-    backbone config dict `config`) can fine-tune: same model, task and every config field that
-    shapes the weights."""
-    if (ck["model_name"], ck["task"]) != (model_name, task):
-        raise ValueError(f"a {ck['model_name']} checkpoint for {ck['task']}, but this run is "
-                         f"{model_name} on {task}; pass the --model and --task it was made with")
-    # may differ: not in the weights
-    init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}
-    differ = [k for k in config if k not in init_only and ck["config"].get(k) != config[k]]
-    if differ:
-        theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ)
-                        for c in (ck["config"], config))
-        raise ValueError(f"its {theirs} differ from this run's {ours}; pass the model flags it was "
-                         f"made with")

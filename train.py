@@ -172,22 +172,6 @@ def train_phase(phase, model, run, splits, meta):
 
 # ---- the method: pre-train, fine-tune, test ----------------------------------------------------
 
-def pretrain(run, splits):
-    """Phase 1: a fresh backbone inside the objective's SPT model (its OBJECTIVES entry builds it:
-    a denoising head, or ELECTRA's generator + discriminator) on the training inputs; the best one
-    by the objective's own validation loss is saved as spt.pt."""
-    args, objective = run.args, OBJECTIVES[run.args.objective]
-    flags = {k: getattr(args, k) for k in objective.flags}       # its own flags, by name
-    torch.manual_seed(args.seed)
-    head = models.spt_head(args.objective, flags)
-    phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size,
-                  args.pretrain_accum_steps, "spt.pt", "loss",
-                  *models.batch_functions("spt", args.task, args.objective, flags),
-                  args.pretrain_patience)
-    meta = {**run.meta, "head": head}
-    return train_phase(phase, build_model(meta).to(run.device), run, splits, meta)
-
-
 def load_pretrained(classifier, run):
     """Copy the backbone of spt.pt (after --spt) or --init-from into the classifier, strictly:
     only the old and the new heads may differ (the objective's entry says which weights are the
@@ -225,11 +209,25 @@ def main(argv=None):
         splits = lra_data.load_splits(args)
     torch.manual_seed(args.seed)                    # model init (on the CPU: begin moves it)
     classifier = build_model(run.meta)
-    with run.begin(splits, classifier):             # DDP, the device, the run folder: config, log, lock
+    knobs = ", ".join(f"{k} {getattr(args, k)}" for k in OBJECTIVES[args.objective].flags)
+    plan = (f"SPT {args.objective}{f' ({knobs})' if knobs else ''}, then fine-tune" if args.spt
+            else f"fine-tune from {args.init_from}" if args.init_from else "from scratch (TFS)")
+    with run.begin(splits, classifier, plan):       # DDP, the device, the run folder: config, log, lock
         seconds, spt = {}, None
         resuming_ft = resume is not None and resume["phase"] == "finetune"
-        if args.spt:                                # phase 1: SPT
-            spt = resume["spt"] if resuming_ft else pretrain(run, splits)
+        if args.spt and resuming_ft:                # SPT is done: last.pt carries its summary
+            spt = resume["spt"]
+        elif args.spt:  # phase 1, SPT: a fresh backbone inside the objective's SPT model (a denoising
+            #             head, or ELECTRA's pair), its best by the objective's own val loss -> spt.pt
+            flags = {k: getattr(args, k) for k in OBJECTIVES[args.objective].flags}   # its own flags
+            torch.manual_seed(args.seed)
+            meta = {**run.meta, "head": dict(kind="spt", objective=args.objective, flags=flags)}
+            phase = Phase("spt", args.pretrain_epochs, args.pretrain_lr, args.pretrain_batch_size,
+                          args.pretrain_accum_steps, "spt.pt", "loss",
+                          *models.batch_functions("spt", args.task, args.objective, flags),
+                          args.pretrain_patience)
+            spt = train_phase(phase, build_model(meta).to(run.device), run, splits, meta)
+        if args.spt:
             seconds["spt"] = spt["seconds"]
         if (args.spt or args.init_from) and not resuming_ft:    # else last.pt holds the whole state
             load_pretrained(classifier, run)

@@ -35,16 +35,15 @@ def deterministic(on):
 
 
 def setup_device(args):
-    """-> (device, world size): checks the DDP environment (check_ddp_environment), --device and that --out
-    can be written (making --out itself); settles --deterministic (before any CUDA call), --precision (printed,
-    in config.json) and --workers."""
-    check_ddp_environment()                         # WORLD_SIZE, RANK, MASTER_*: one line, before anything
+    """-> (device, world size): checks --device and that --out can be written (making --out itself); settles
+    --deterministic (before any CUDA call), --precision (printed, in config.json) and --workers. The DDP
+    environment is checked first (check_ddp_environment, at the run's opening)."""
     deterministic(getattr(args, "deterministic", False))
     try:
         device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except ValueError as e:
         fail(f"--device {args.device}: {e}")
-    world = ddp_world(os.environ)                   # checked above
+    world = ddp_world(os.environ)                   # checked at the run's opening
     if getattr(args, "compile", False) and COMPILE_BACKEND == "inductor" and not c_compiler():
         fail("--compile needs a C/C++ compiler (torch.compile's inductor builds its kernels with one) and none is "
              "on PATH (CXX, c++, g++, clang++): install one (apt-get install g++) or run without --compile")

@@ -138,7 +138,7 @@ def training_case(model_name, task, values, phase, B, L, objective=None, flags=N
                          models.MODELS[model_name].build)
     flags = {k: v if v is not None or f.derive is None else f.derive(run)      # unset: as train.py fills it in
              for k, f in models.OBJECTIVES[objective].flags.items() for v in [(flags or {}).get(k, f.default)]}
-    head = (models.spt_head(objective, flags) if phase == "spt" else
+    head = (dict(kind="spt", objective=objective, flags=dict(flags)) if phase == "spt" else
             dict(kind="classifier", n_classes=spec.n_classes, pool=spec.pool, pair=spec.pair))
     meta = dict(model_name=model_name, task=task, config=dataclasses.asdict(cfg), head=head)
     prepare, loss, _ = models.batch_functions(phase, task, objective, flags)

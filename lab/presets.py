@@ -399,45 +399,16 @@ def settle(args, given):
     """The run's settings, presets applied, every check made, before anything is written -> (the backbone's
     config, notes to print). args (changed in place): train.parse_flags's (a --resume's own settings); given:
     the flags typed. A setting that cannot run stops in one line (lab/runs.fail)."""
-    entry, objective = models.MODELS[args.model], models.OBJECTIVES[args.objective]
+    entry = models.MODELS[args.model]
     try:
         config_kw, notes = apply(args, entry)                   # the preset, then the flags
         backbone = models.Backbone(args.task, args.causal, lambda **changes: model_config(
             entry.Config, args.task, {**config_kw, **changes}, args.causal), entry.build)
-        models.fill_defaults(args, backbone)                    # e.g. the task's mask ratio
+        models.fill_defaults(args, backbone)                    # e.g. the task's mask ratio; --objective's check
         cfg = check(args, config_kw, entry)
-        flags = {k: getattr(args, k) for k in objective.flags}
-        if args.spt and objective.refuse and (why := objective.bound("refuse", flags)(backbone)):
-            raise ValueError(why)
     except ValueError as e:
         fail(str(e))
-    return cfg, notes + unused_flag_notes(args, given)
-
-
-def unused_flag_notes(args, given):
-    """One line per kind of flag typed but not used by this run: SPT flags without --spt, an
-    objective's flags with another objective, a model knob the chosen model's config lacks."""
-    def named(keys):
-        return ", ".join("--" + k.replace("_", "-") for k in sorted(keys))
-    notes, objective = [], models.OBJECTIVES[args.objective]
-    spt_only = given & {"objective", "pretrain_epochs", "pretrain_lr", "pretrain_batch_size",
-                        "pretrain_accum_steps", "pretrain_patience",
-                        *(n for o in models.OBJECTIVES.values() for n in o.flags)}
-    other_objective = given & {n for o in models.OBJECTIVES.values() for n in o.flags} - set(objective.flags)
-    if spt_only and not args.spt:
-        notes.append(f"note: {named(spt_only)} only act{'s' * (len(spt_only) == 1)} with --spt: "
-                     f"ignored")
-    elif other_objective:
-        owners = sorted({k for k, o in models.OBJECTIVES.items() if other_objective & set(o.flags)})
-        notes.append(f"note: {named(other_objective)} belong{'s' * (len(other_objective) == 1)} "
-                     f"to --objective {' / '.join(owners)}, not {args.objective}: ignored")
-    knobs = models.knobs()
-    unused = {k for k in given & set(knobs) if args.model not in knobs[k][2]}
-    if unused:
-        owners = sorted({m for k in unused for m in knobs[k][2]})
-        notes.append(f"note: {named(unused)}: no such field in the {args.model} config (only "
-                     f"{', '.join(owners)}): ignored")
-    return notes
+    return cfg, notes + models.unused_flag_notes(args, given)
 
 
 # ---- the table of paper presets and their sources (results/paper_presets.md) ---------------------
@@ -470,7 +441,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Print every --preset paper value and its source "
                                             "(markdown).")
     p.add_argument("--out", default=None, help="write the table here instead of printing it")
-    p.error = lambda m: (print(f"lab/presets.py: error: {checked.flag_message(m)}", file=sys.stderr),
+    p.error = lambda m: (print(f"presets.py: error: {checked.flag_message(m)}", file=sys.stderr),
                          sys.exit(2))
     args = p.parse_args(argv)
     if args.out and Path(args.out).is_dir():

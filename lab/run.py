@@ -55,6 +55,7 @@ class Run:
         setting is one line (status 2). args, given, defaults: train.parse_flags's."""
         stop_on_sigterm()                               # a scheduler's SIGTERM is a Ctrl-C
         checked.console_as_os_bytes()                   # a path of any bytes prints as the OS gave it
+        hardware.check_ddp_environment()                # WORLD_SIZE, RANK, MASTER_*: one line, before anything
         how, self.resume, self.lock = "given" if args.preset else "default", None, None
         if args.resume:                                 # the run's own settings, last.pt and lock
             args, self.resume, self.lock = resume.resume_settings(args, given, defaults)
@@ -68,7 +69,7 @@ class Run:
                 fail(why)
             runs.log(None, f"note: {why}; the resumed run continues without --log-to")
             args.log_to = None
-        self.device, self.world = hardware.setup_device(args)  # the DDP environment, --precision, --workers
+        self.device, self.world = hardware.setup_device(args)  # also --precision and --workers
         spec = lra_data.TASKS[args.task]
         head = dict(kind="classifier", n_classes=spec.n_classes, pool=args.pool, pair=spec.pair)
         self.args, self.argv, self.folder, self.started = args, argv, None, time.time()
@@ -87,11 +88,12 @@ class Run:
                 fail(str(e))
 
     @contextlib.contextmanager
-    def begin(self, splits, classifier):
+    def begin(self, splits, classifier, plan):
         """Hold the run folder for the block: join the DDP process group (after the data: its preparation takes
         a file lock, never a collective), move the classifier to the device, check --init-from, plan each
         phase's micro-batches (lab/memory.py), then make the folder (or take the --resume one): config.json, the
-        start-up lines in log.txt, the lock, --log-to's mirror. A stop inside ends in one line."""
+        start-up lines in log.txt (plan: what the run does, in words), the lock, --log-to's mirror. A stop inside
+        ends in one line."""
         args, notes = self.args, list(dict.fromkeys(n for s in splits.values() for n in s.notes))   # each once
         self.data = Data(splits, splits["train"].source, notes, time.time() - self.started,
                          lra_data.fingerprint(splits))
@@ -100,13 +102,10 @@ class Run:
         self.classifier = classifier.to(self.device)
         if args.init_from and not self.resume:         # a backbone that cannot be fine-tuned: one line, now
             try:
-                models.check_init_checkpoint(checked.read_checkpoint(args.init_from, self.device), args.model,
+                check_init_checkpoint(checked.read_checkpoint(args.init_from, self.device), args.model,
                                              args.task, self.meta["config"])
             except ValueError as e:
                 fail(f"--init-from {args.init_from}: {e}")
-        knobs = ", ".join(f"{k} {getattr(args, k)}" for k in models.OBJECTIVES[args.objective].flags)
-        plan = (f"SPT {args.objective}{f' ({knobs})' if knobs else ''}, then fine-tune" if args.spt
-                else f"fine-tune from {args.init_from}" if args.init_from else "from scratch (TFS)")
         memory_lines, memory_plan = (memory.plan_memory(args, self.meta, self.device, self.world)  # micro-batches
                                      if self.device.type == "cuda" else no_card_plan(args, self.world))
         lines = startup_lines(args, plan, self.notes, self.data, classifier, self.meta) + memory_lines
@@ -218,6 +217,23 @@ def absolute_paths(args):
     for key in ("data_dir", "cache_dir", "out", "init_from"):
         if getattr(args, key):
             setattr(args, key, str(Path(getattr(args, key)).resolve()))
+
+
+def check_init_checkpoint(ck, model_name, task, config):
+    """ValueError (one line) unless checkpoint dict ck has a backbone this run (model_name on task,
+    backbone config dict `config`) can fine-tune: same model, task and every config field that
+    shapes the weights."""
+    if (ck["model_name"], ck["task"]) != (model_name, task):
+        raise ValueError(f"a {ck['model_name']} checkpoint for {ck['task']}, but this run is "
+                         f"{model_name} on {task}; pass the --model and --task it was made with")
+    # may differ: not in the weights
+    init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}
+    differ = [k for k in config if k not in init_only and ck["config"].get(k) != config[k]]
+    if differ:
+        theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ)
+                        for c in (ck["config"], config))
+        raise ValueError(f"its {theirs} differ from this run's {ours}; pass the model flags it was "
+                         f"made with")
 
 
 def no_card_plan(args, world):

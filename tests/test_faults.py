@@ -20,7 +20,7 @@ import lra_data
 from lab import run as run_module, runs
 from lab import steps
 import train
-from lab import presets
+import models
 from conftest import TINY, interrupt_at_step, records, run
 from lra import files as lra_files
 from lra.files import DataError
@@ -575,10 +575,10 @@ def test_a_non_finite_validation_loss_stops_the_run_and_best_pt_stays_the_last_f
 ])
 def test_a_flag_the_chosen_objective_does_not_use_is_named_as_ignored(argv, says):
     args, given, _ = train.parse_flags(argv)
-    notes = presets.unused_flag_notes(args, given)
+    notes = models.unused_flag_notes(args, given)
     assert len(notes) == 1 and says in notes[0], notes
     args, given, _ = train.parse_flags(["--spt", "--objective", "span", "--span-mean", "4", "--mask-ratio", "0.2"])
-    assert presets.unused_flag_notes(args, given) == [], "the objective's own flags are used"
+    assert models.unused_flag_notes(args, given) == [], "the objective's own flags are used"
 
 
 # ---- a tool overwrites or deletes only its own files (point 1) ----------------------------------------------------

@@ -162,10 +162,10 @@ def test_an_added_objectives_own_flags_are_checked_and_named_when_unused(forked,
         train.main(["--objective", "bert", "--spt", "--bert-mask", "1.5", "--data-dir", str(data_dir)])
     assert e.value.code == 2 and "--bert-mask 1.5 must be in [0, 1]" in capsys.readouterr().err
     args, given, _ = train.parse_flags(["--spt", "--objective", "span", "--bert-mask", "0.5"])
-    assert presets.unused_flag_notes(args, given) == ["note: --bert-mask belongs to --objective bert, not span: "
+    assert models.unused_flag_notes(args, given) == ["note: --bert-mask belongs to --objective bert, not span: "
                                                     "ignored"]
     args, given, _ = train.parse_flags(["--bert-mask", "0.5"])
-    assert presets.unused_flag_notes(args, given) == ["note: --bert-mask only acts with --spt: ignored"]
+    assert models.unused_flag_notes(args, given) == ["note: --bert-mask only acts with --spt: ignored"]
 
 
 def test_an_objective_with_a_model_of_its_own_trains_as_one_entry_and_hands_over_its_backbone(forked, data_dir,
