@@ -11,7 +11,7 @@ RTD:    x̃ = x with M replaced by samples of a small masked-denoising generator
         (ELECTRA, Clark et al. 2020; GDES: DeBERTaV3, He et al. 2023)
 fine-tune: labelled, no corruption: the clean input, the class labels as targets
 loss:   batch_loss, Σ weight·ℓ / the global batch's Σ weight: every objective's but RTD's, and
-        fine-tuning's (a step: steps.train_epoch, which calls the corruption and the loss here)
+        fine-tuning's (a step: train.py's train_phase, which calls the corruption and the loss here)
 ℓ = cross-entropy over the vocabulary (token ids) or over the 256 grey levels (Pathfinder/PathX)
 or the classes, L1 on the normalised value (Image).
 Check: tests/test_denoise.py (masking rate, span lengths, pads never masked, causal targets shifted
@@ -46,7 +46,7 @@ class Batch(NamedTuple):
 
 
 class Clean(NamedTuple):
-    """One batch of a task's clean inputs: what an objective corrupts. steps.collate makes it on
+    """One batch of a task's clean inputs: what an objective corrupts. lra_data.clean_batch makes it on
     the host (the loader's collate) and steps.to_device moves it."""
     value: torch.Tensor              # (B, L) long token ids, or float pixel values (normalised)
     target: torch.Tensor             # (B, L) what to restore: ids / grey levels (long)

@@ -94,7 +94,7 @@ class Flag(NamedTuple):
 
 
 class Backbone(NamedTuple):
-    """What an objective may ask of the backbone it wraps (lab/runs.Run makes it from the flags)."""
+    """What an objective may ask of the backbone it wraps (lab/presets.settle makes it from the flags)."""
     task: str                   # an lra_data.TASKS name
     causal: bool                # --causal: the backbone sees only the past
     config: Callable            # (**changes) -> the backbone config with those fields changed;

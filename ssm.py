@@ -432,7 +432,7 @@ class SSMBackbone(nn.Module):
     (B, L, H) features, float32 at least: the residual stream stays in float32 between blocks under
     autocast too (the pixel encoder's Linear would give bf16 there, the token Embedding float32: one
     dtype for every task). inputs: (B, L) long tokens when cfg.vocab_size is set, else
-    (B, L, d_input) float. lengths: (B,) long; None means no padding: steps.collate passes None
+    (B, L, d_input) float. lengths: (B,) long; None means no padding: lra_data.clean_batch passes None
     for a batch without pads (it knows that on the host; finding it out here would make the host
     wait for the device). Raises ValueError when lengths is not of shape (B,). With post-norm the
     last block's norm is the final norm."""

@@ -11,7 +11,7 @@ Reading order, top to bottom: the flags (each once, with its range; MODELS and O
 models.py's), one phase with its training step (train_phase), the method (main: flags -> data ->
 model -> SPT -> fine-tuning -> test). The machinery that makes a run safe and observable (the run
 folder, resume, stops, devices, DDP, precision, the guard, logs) is reached through one object,
-lab/runs.Run, and the phase's lab/steps.Training.
+lab/run.py's Run, and the phase's lab/steps.Training.
 Check: tests/test_train.py, test_robustness.py, test_faults.py, test_fork.py (docs/fork.md).
 """
 import argparse

@@ -1,8 +1,8 @@
-"""lab/steps.py: one training step, top to bottom (train_epoch: batch -> corruption -> forward -> loss
--> backward -> guarded optimiser step), and how it runs on the hardware. Besides this file a step
-reads only denoise.py (the objective's corruption and the loss) and the model's forward.
-batch:      the loader's collate makes the clean batch on the host (pads, pixels normalised, the
-            grey-level targets); the step moves it to the device once (to_device)
+"""lab/steps.py: how the training step train.py writes out (train_phase: batch -> corruption -> forward
+-> loss -> backward -> guarded optimiser step) runs on the hardware: Training, a phase's state. Besides
+train.py a step reads only this file, denoise.py (the corruption and the loss) and the model's forward.
+batch:      the loader's collate (lra_data.clean_batch) makes the clean batch on the host (pads, pixels
+            normalised, the grey-level targets); Training.batches moves it to the device once (to_device)
 precision:  --precision decided once: bf16 / fp16 autocast (+ gradient scaler), tf32, fp32; TF32 set
             explicitly
 DDP:        every process reads the whole global batch and keeps its rows (uneven shards allowed:
