@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 import control  # noqa: E402  (the control study's setting, its run folders, locks)
+from tools import checked  # noqa: E402  (control puts the repo on the path: ranged flag types)
 
 PATIENCE, CAP, PRETRAIN = 3, 15, 3          # cell b's K and epoch cap; cells a and c pre-train P epochs (control's)
 LONG_CAP = 40                               # the SPT-length arm's cap (conv40-rot), same K
@@ -270,14 +271,15 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Run (or continue) the why-SPT study on Text.")
     p.add_argument("--cells", nargs="+", choices=["a", "b", "c", "p"], default=["a", "b", "c", "p"],
                    help="in this order (p: the plateau grid, in OUT/plateau)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5], help="study seeds")
+    p.add_argument("--seeds", type=checked.seed(), nargs="+", default=[0, 1, 2, 3, 4, 5], help="study seeds")
     p.add_argument("--arms", nargs="+", default=None, help="only these arms of cells a-c, run in this order "
                    "(default: all); cell c's pilot and cell p run whole")
     p.add_argument("--tuned-models", "--ssm-models", nargs="+", choices=["s4", "dlr", "transformer"],
                    default=["s4", "dlr", "transformer"], help="cell c's models")
-    p.add_argument("--finetune-epochs", type=int, default=None, help="F (default: the control's pilot choice)")
-    p.add_argument("--jobs", type=int, default=2, help="training processes at a time, one thread each")
-    p.add_argument("--nice", type=int, default=19, help="niceness of each run (19: the lowest priority)")
+    p.add_argument("--finetune-epochs", type=checked.at_least(1), default=None, help="F (default: the control's pilot choice)")
+    p.add_argument("--jobs", type=checked.at_least(1), default=2, help="training processes at a time, one thread each")
+    nice = checked.number(int, lambda v: 0 <= v <= 19, "must be in [0, 19] (0: as the shell, 19: the lowest priority)")
+    p.add_argument("--nice", type=nice, default=19, help="niceness of each run (19: the lowest priority)")
     p.add_argument("--out", default=str(HERE / "why_spt"), help="the study folder (run folders inside, pilot/, "
                    "plateau/)")
     p.add_argument("--reuse-from", default=str(HERE / "control"), help="finished runs to reuse ('' : none)")

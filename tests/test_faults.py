@@ -444,7 +444,7 @@ def test_every_command_line_tool_refuses_a_bad_flag_in_one_line_with_status_2(sc
 # ---- every numeric flag of every tool: finite, in range, at parse time -------------------------
 
 TOOLS = ["train.py", "tools/bench.py", "lra_data.py", "lab/presets.py", "results/control.py", "results/kernels.py",
-         "results/summarize.py"]
+         "results/summarize.py", "lab/curves.py", "results/unigram.py", "results/why_spt.py", "tools/attention_offsets.py"]
 
 
 class Caught(Exception):
@@ -479,6 +479,62 @@ def numeric_flags(parser):
             except Exception:
                 continue
     return found
+
+
+def commands():
+    """Every command of the repo: each file (tests aside) with a `__main__` block whose command line is argparse's."""
+    found = []
+    for path in sorted(REPO.rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith(("tests/", ".")) or "/." in rel:
+            continue
+        text = path.read_text(encoding="utf-8")
+        if 'if __name__ == "__main__":' in text and "ArgumentParser" in text:
+            found.append(rel)
+    return found
+
+
+def test_the_tools_list_holds_every_command_of_the_repo():
+    assert set(commands()) == set(TOOLS), f"a command the flag checks do not walk: {set(commands()) ^ set(TOOLS)}"
+
+
+def refused_at_start_up(knob, value, tmp_path, capsys):
+    """train.py with model knob `knob` (a config field) at `value` for a model that has it: stopped in one line
+    naming the flag, before any data or folder (the config's __post_init__ holds the knob's range)."""
+    import models
+    model = models.knobs()[knob][2][0]
+    flag = "--" + knob.replace("_", "-")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        train.main(["--model", model, flag, value, "--data-dir", str(tmp_path / "nothing"), "--out",
+                    str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    return e.value.code == 2 and len(err) == 1 and flag in err[0] and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("script", commands())
+def test_every_numeric_flag_of_every_command_has_a_range_checked_before_it_acts(script, monkeypatch, tmp_path,
+                                                                              capsys):
+    """A numeric flag refuses a value out of its range: at least one of -1e18 and 1e18 (a count, a rate, a size, a
+    seed all have one), besides nan and the infinities (the test below): its type at parse time, or, for a model
+    knob of train.py (a config field, whose range its config's __post_init__ declares), the run's opening, in one
+    line, before any data or folder."""
+    monkeypatch.chdir(REPO)
+    parser = parser_of(script, monkeypatch)
+    unranged = []
+    for action in parser._actions:
+        if action.option_strings and action.option_strings[-1] in numeric_flags(parser):
+            refused = 0
+            for value in ("-1e18", "1e18", "-1000000000000000000", "1000000000000000000"):
+                try:
+                    action.type(value)
+                except Exception:
+                    refused += 1
+            knob = action.dest
+            if not refused and not (script == "train.py" and knob in __import__("models").knobs() and any(
+                    refused_at_start_up(knob, v, tmp_path, capsys) for v in ("-1e18", "1e18"))):
+                unranged.append(action.option_strings[-1])
+    assert not unranged, f"{script}: numeric flags without a range: {unranged}"
 
 
 @pytest.mark.parametrize("script", TOOLS)

@@ -199,3 +199,53 @@ def test_check_with_a_task_reports_that_task_only(tmp_path):
     assert "listops" not in only.stdout, f"--task text reported another task:\n{only.stdout}"
     listops = subprocess.run([*command, "--task", "listops"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert listops.returncode == 0 and "listops: complete" in listops.stdout and "text" not in listops.stdout.lower()
+
+
+def test_a_split_holding_every_line_twice_is_named_as_surplus_not_complete(small_release, tmp_path):
+    write_all(tmp_path)
+    train = tmp_path / "lra_release" / "listops-1000" / "basic_train.tsv"
+    header, *rows = train.read_text().splitlines(keepends=True)
+    train.write_text(header + "".join(rows * 2))                        # every line twice
+    report = check.check_task("listops", tmp_path)
+    assert report.verdict == "problems" and any(
+        f"holds {2 * SMALL['listops']['train']:,} examples, more than the release's" in p for p in report.problems), \
+        report.problems
+
+
+def test_pathx_images_in_the_pathfinder_folder_are_named_by_their_resolution(small_release, tmp_path):
+    folder = tmp_path / "pathfinder32" / "curv_contour_length_14"
+    write_pathfinder(folder, 6)
+    for png in (folder / "imgs" / "0").glob("*.png"):
+        Image.fromarray(np.zeros((128, 128), np.uint8)).save(png)        # PathX's size in Pathfinder's place
+    report = check.check_task("pathfinder", tmp_path)
+    assert any("128×128 pixels, not this task's 32×32" in p for p in report.problems), report.problems
+
+
+def test_an_unreadable_file_is_named_and_the_other_tasks_are_still_checked(small_release, tmp_path, monkeypatch,
+                                                                          capsys):
+    write_all(tmp_path)
+    bad = tmp_path / "lra_release" / "listops-1000" / "basic_val.tsv"
+    real_open = open
+
+    def guarded(path, *a, **k):                                         # root reads anything: deny this one file
+        if Path(path) == bad:
+            raise PermissionError(13, "Permission denied", str(bad))
+        return real_open(path, *a, **k)
+    monkeypatch.setattr("builtins.open", guarded)
+    assert check.main(tmp_path) == 2
+    out = capsys.readouterr().out
+    assert f"cannot read {bad} (Permission denied)" in out and "retrieval: complete" in out, out
+
+
+def test_a_huge_split_without_line_breaks_is_counted_in_bounded_memory(tmp_path):
+    import tracemalloc
+    one_line = tmp_path / "basic_train.tsv"
+    one_line.write_bytes(b"x" * (24 << 20))                             # 24 MiB, no line break
+    tracemalloc.start()
+    assert check.tsv_rows(one_line) == (1, False)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 << 20, f"peak {peak / 2**20:.1f} MiB for a 24 MiB line"
+    lines = tmp_path / "lines.tsv"
+    lines.write_bytes(b"Source\tTarget\r\na\t1\n\n  \nb\t2")             # header, blank lines, no final break
+    assert check.tsv_rows(lines) == check.tsv_rows(lines, chunk=3) == (2, True)
