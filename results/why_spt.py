@@ -102,8 +102,18 @@ def folders(out):
     found = {}
     for folder in sorted(Path(out).glob("*")):
         if (folder / "config.json").is_file():
-            config = json.loads((folder / "config.json").read_text())
-            key = (identity(config["command"]), cpu_of(config))
+            try:            # damaged, or a folder of the user's with a config.json of its own: one line, up front
+                config = checked.read_json(folder / "config.json", "it is not a run of this study: move the folder "
+                                           "out of the study folder (nothing in it was touched)", needs=["command"])
+                if Path(str(config["command"][0])).name != "train.py":
+                    raise ValueError("its command is not train.py's")
+                key = (identity(config["command"]), cpu_of(config))
+            except (checked.Damaged, ValueError, TypeError, IndexError, KeyError) as e:
+                why = str(e) if isinstance(e, checked.Damaged) else (
+                    f"{folder / 'config.json'} is not a train.py run's ({e or type(e).__name__}): move the folder "
+                    f"out of the study folder (nothing in it was touched)")
+                print(f"why_spt.py: error: {why}", file=sys.stderr)
+                raise SystemExit(2) from None
             if key not in found or (folder / "results.json").is_file() or not (found[key][0] / "results.json").is_file():
                 found[key] = (folder, config)
     return found

@@ -529,3 +529,19 @@ def test_unigram_writes_only_where_asked_and_never_over_a_file_of_the_users(tmp_
         unigram.main([str(tmp_path), "--out", str(mine)])
     assert e.value.code == 2 and "mine.json exists and unigram.py did not write it" in capsys.readouterr().err
     assert mine.read_text() == "the user's notes"
+
+
+@pytest.mark.parametrize("config", ["{", '{"command": ["my_notes.py"]}'], ids=["damaged", "foreign"])
+def test_the_why_spt_driver_names_a_damaged_or_foreign_folder_in_its_out_in_one_line_and_touches_nothing(
+        config, tmp_path, capsys):
+    why = script("why_spt")
+    folder = tmp_path / "text-dlr-tfs-s0-mine"
+    folder.mkdir()
+    (folder / "config.json").write_text(config)
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        why.folders(tmp_path)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("why_spt.py: error: ") and str(folder) in err[0], err
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "notes.txt"]
+    assert (folder / "config.json").read_text() == config
