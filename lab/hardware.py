@@ -5,8 +5,10 @@ against what PyTorch sees), --deterministic, --workers, torchrun's process group
 Check: tests/test_robustness.py (devices, DDP start-up, compile bounds), tools/gpu_check.py.
 """
 import contextlib
+import datetime
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from functools import partial
@@ -116,16 +118,32 @@ def check_device(text):
     return device
 
 
+RENDEZVOUS_S = 600      # how long the processes of a DDP run wait for each other at start-up
+
+
 def join_process_group(device, world):
     """Under torchrun: one process per GPU (NCCL) or CPU process (gloo); only rank 0 prints. Returns
-    the device."""
+    the device. The rendezvous waits RENDEZVOUS_S for every process, then each stops in one line (status 2); a
+    SIGTERM while it waits ends the process at once (its default action: no run folder exists yet, and
+    the wait in C++ would not hear Python's handler)."""
     if world == 1:
         return device
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
     cuda = device.type == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    handler = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None,
+                                timeout=datetime.timedelta(seconds=RENDEZVOUS_S))
+    except (RuntimeError, dist.DistError) as e:     # a process that never came, a port taken, ...
+        print(f"train.py: error: the DDP rendezvous at {os.environ.get('MASTER_ADDR')}:"
+              f"{os.environ.get('MASTER_PORT')} failed after up to {RENDEZVOUS_S} s "
+              f"({str(e).splitlines()[0][:160]}): every one of the WORLD_SIZE={world} processes must start "
+              f"(torchrun starts them all); check that the port is free", file=sys.stderr)  # every process says it
+        raise SystemExit(2) from None
+    finally:
+        signal.signal(signal.SIGTERM, handler)
     if dist.get_rank() > 0:                         # only rank 0 prints, logs and saves
         sys.stdout = open(os.devnull, "w")
     return device

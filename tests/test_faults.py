@@ -1012,3 +1012,33 @@ def test_compile_without_a_c_compiler_is_one_line_at_start_up_not_a_failure_in_t
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and "--compile needs a C/C++ compiler" in err[0], err
     assert [p.name for p in tmp_path.iterdir() if p.name != "runs"] == [], "data was prepared first"
+
+
+def rendezvous_alone(timeout_s):
+    """A process of a 2-process DDP run whose peer never comes, at the rendezvous (lab/hardware.join_process_group),
+    with train.py's SIGTERM handler installed and the rendezvous timeout set to timeout_s."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    code = ("import torch; from lab import hardware, run; run.stop_on_sigterm(); "
+            f"hardware.RENDEZVOUS_S = {timeout_s}; hardware.join_process_group(torch.device('cpu'), 2)")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_ddp_rendezvous_whose_peer_never_comes_stops_in_one_line_after_its_timeout():
+    proc = rendezvous_alone(3)
+    err = proc.communicate(timeout=120)[1].strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and "the DDP rendezvous at 127.0.0.1" in err[0] \
+        and "WORLD_SIZE=2" in err[0], (proc.returncode, err)
+
+
+def test_a_sigterm_during_the_ddp_rendezvous_ends_the_process_at_once():
+    proc = rendezvous_alone(300)
+    time.sleep(8)                                                      # imports done, waiting for its peer
+    assert proc.poll() is None, proc.communicate()
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM and time.time() - t0 < 10, (proc.returncode, time.time() - t0)
