@@ -151,7 +151,7 @@ def pilot_choice(pilot, models):
             choice[model] = max(GRID, key=lambda g: (accs[g], -GRID.index(g)))
             table[model] = {f"dropout {d}, {s}": a for (d, s), a in accs.items()}
     if not missing and models and choice:
-        (pilot / "choice.json").write_text(json.dumps(dict(
+        checked.write_whole(pilot / "choice.json", json.dumps(dict(      # whole or not at all
             choice={m: dict(dropout=d, schedule=s) for m, (d, s) in choice.items()}, best_val_acc=table,
             rule="per model, the grid point of the highest best validation accuracy (ties: the earlier point)"),
             indent=1) + "\n")
@@ -195,10 +195,9 @@ def plan(jobs, out, cpu, reuse_from, dry=False, log=print, any_cpu=False):
                 continue
             copy = Path(out) / source[0].name
             shutil.copytree(source[0], copy, ignore=shutil.ignore_patterns("*.pt", ".lock"))
-            (copy / "reused.json").write_text(json.dumps(dict(reused_from=str(source[0].relative_to(REPO))
-                                                               if source[0].is_relative_to(REPO) else str(source[0]),
-                                                               why="the same train.py flags, the same CPU model"))
-                                              + "\n")
+            checked.write_owned(copy / "reused.json", json.dumps(dict(
+                reused_from=str(source[0].relative_to(REPO)) if source[0].is_relative_to(REPO) else str(source[0]),
+                why="the same train.py flags, the same CPU model")) + "\n", "why_spt.py")
             continue
         todo.append((name, cmd, folder))
     return todo

@@ -197,6 +197,15 @@ def write_owned(path, write, tool):
     if not owned(path):
         raise NotOwned(f"{path} exists and was not written by {tool} (it is not in {path.parent / MANIFEST}): it is "
                        f"left untouched; move it away or pass another output place")
+    write_whole(path, write)
+    record(path.parent, path.name, tool)
+    return path
+
+
+def write_whole(path, write):
+    """write(tmp) fills a temporary file, which then replaces `path` (`write` may also be the bytes or text): a kill
+    or an OSError (a full disk, a read-only folder) leaves the old file and no temporary."""
+    path = Path(path)
     if not callable(write):
         data = write
         write = (lambda tmp: tmp.write_bytes(data)) if isinstance(data, bytes) else (lambda tmp: tmp.write_text(data))
@@ -207,8 +216,6 @@ def write_owned(path, write, tool):
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    record(path.parent, path.name, tool)
-    return path
 
 
 def remove_owned(path):
