@@ -125,23 +125,40 @@ def simulated_peak(build, forward, precision):
     return sum(p.numel() for p in model.parameters()), sum(p.nbytes for p in model.parameters()), counter.peak
 
 
-def training_case(model_name, task, values, phase, B, L, objective=None, flags=None):
+@dataclasses.dataclass
+class Phase:
+    """A phase whose memory is planned: the model (a MODELS name), the task, its preset values (models.preset_values),
+    "spt" or "finetune", the padded length L (tokens; pixels: side²), train.py's --precision (fp16 counts as bf16,
+    tf32 as fp32), and the run's --objective with its flags (None: the default objective, its defaults). One training
+    step of it at a batch of B rows is what training_case builds and training_memory / step_estimate estimate."""
+    model_name: str
+    task: str
+    values: dict
+    name: str
+    L: int
+    precision: str = "fp32"
+    objective: str | None = None
+    flags: dict | None = None
+
+
+def training_case(phase, B):
     """(build, forward) of one training step of train.py's model on a random clean batch of full length L, through
     the step's own functions (models.batch_functions: the objective's corruption and loss for spt, the labelled
     batch and the one loss for finetune), so the estimate holds the run's own objective (rtd: its generator too).
-    objective, flags: the run's --objective and its flags (default: the first objective, its defaults). Token tasks
+    phase: a Phase (its precision is not read here). Token tasks
     take the padded path (lengths given, all real: the larger case), pixel tasks are never padded (padded None).
     Retrieval: two documents per example, so 2·B sequences."""
-    spec, cfg = lra_data.TASKS[task], presets.config_for(model_name, task, values)
-    objective = objective or next(iter(models.OBJECTIVES))                  # --objective's default, the paper's
+    model_name, task, L, flags = phase.model_name, phase.task, phase.L, phase.flags
+    spec, cfg = lra_data.TASKS[task], presets.config_for(model_name, task, phase.values)
+    objective = phase.objective or next(iter(models.OBJECTIVES))                  # --objective's default, the paper's
     run = models.Backbone(task, False, lambda **changes: dataclasses.replace(cfg, **changes),
                          models.MODELS[model_name].build)
     flags = {k: v if v is not None or f.derive is None else f.derive(run)      # unset: as train.py fills it in
              for k, f in models.OBJECTIVES[objective].flags.items() for v in [(flags or {}).get(k, f.default)]}
-    head = (dict(kind="spt", objective=objective, flags=dict(flags)) if phase == "spt" else
+    head = (dict(kind="spt", objective=objective, flags=dict(flags)) if phase.name == "spt" else
             dict(kind="classifier", n_classes=spec.n_classes, pool=spec.pool, pair=spec.pair))
     meta = dict(model_name=model_name, task=task, config=dataclasses.asdict(cfg), head=head)
-    prepare, loss, _ = models.batch_functions(phase, task, objective, flags)
+    prepare, loss, _ = models.batch_functions(phase.name, task, objective, flags)
 
     def forward(model):
         device, rows = next(model.parameters()).device, 2 * B if spec.pair else B
@@ -160,13 +177,13 @@ def training_case(model_name, task, values, phase, B, L, objective=None, flags=N
     return (lambda: models.build_model(meta)), forward
 
 
-def training_memory(model_name, task, values, phase, B, L, precision, objective=None, flags=None):
+def training_memory(phase, B):
     """Estimated peak bytes of one training step (see the file header), with its parts. The layers are identical and
     each adds the same bytes at the moment of the peak (its saved activations), so the count is affine in n_layers:
     runs with 1 and 2 layers give it for any number (tests/test_memory.py checks this against the whole model)."""
-    one, two = (simulated_peak(*training_case(model_name, task, {**values, "n_layers": n}, phase, B, L, objective,
-                                              flags), precision) for n in (1, 2))
-    n_params, param_bytes, step = (a + (values["n_layers"] - 1) * (b - a) for a, b in zip(one, two))
+    one, two = (simulated_peak(*training_case(dataclasses.replace(phase, values={**phase.values, "n_layers": n}), B),
+                               phase.precision) for n in (1, 2))
+    n_params, param_bytes, step = (a + (phase.values["n_layers"] - 1) * (b - a) for a, b in zip(one, two))
     return dict(n_params=n_params, step=step, peak=4 * param_bytes + step)
 
 
@@ -183,7 +200,7 @@ def paper_memory(model_name, task, phase, precision, accum_steps=None):
                         (v["batch_size"], v["accum_steps"]))
         runs.append((-(-batch // (accum_steps or accum)), batch, accum_steps or accum, v))
     micro, batch, accum, values = max(runs, key=lambda r: r[0])
-    est = training_memory(model_name, task, values, phase, micro, lra_data.TASKS[task].max_len, precision)
+    est = training_memory(Phase(model_name, task, values, phase, lra_data.TASKS[task].max_len, precision), micro)
     return dict(est, L=lra_data.TASKS[task].max_len, batch=batch, accum_steps=accum, micro_batch=micro,
                 gib=est["peak"] / 2**30, fits=est["peak"] <= HEADROOM * GPU_GIB * 2**30)
 
@@ -232,27 +249,12 @@ def card_budget(device):
     return min(free, HEADROOM * total), total
 
 
-def step_estimate(model_name, task, values, phase, B, L, precision, objective=None, flags=None):
-    """training_memory(...), memoised (a plan asks for the same step more than once)."""
-    key = (model_name, task, phase, B, L, precision, objective, json.dumps([values, flags], sort_keys=True, default=str))
+def step_estimate(phase, B):
+    """training_memory(phase, B), memoised (a plan asks for the same step more than once)."""
+    key = (B, json.dumps(dataclasses.asdict(phase), sort_keys=True, default=str))
     if key not in _PEAKS:
-        _PEAKS[key] = training_memory(model_name, task, values, phase, B, L, precision, objective, flags)
+        _PEAKS[key] = training_memory(phase, B)
     return _PEAKS[key]
-
-
-@dataclasses.dataclass
-class Phase:
-    """A phase whose memory is planned: the model (a MODELS name), the task, its preset values (models.preset_values),
-    "spt" or "finetune", the padded length L (tokens; pixels: side²), train.py's --precision (fp16 counts as bf16,
-    tf32 as fp32), and the run's --objective with its flags (None: the default objective, its defaults)."""
-    model_name: str
-    task: str
-    values: dict
-    name: str
-    L: int
-    precision: str
-    objective: str | None = None
-    flags: dict | None = None
 
 
 def plan_phase(phase, batch, budget, accum_steps=None):
@@ -261,11 +263,10 @@ def plan_phase(phase, batch, budget, accum_steps=None):
     within `budget` bytes; accum_steps given: kept, only estimated. Fewer accumulation steps first: the same update,
     but BatchNorm normalises each micro-batch with its own statistics (docs/gpu.md).
     -> dict(phase, batch, L, accum_steps, micro_batch, est_gib, budget_gib, fits)."""
-    precision = "bf16" if phase.precision in ("bf16", "fp16") else "fp32"
-    case = (phase.model_name, phase.task, phase.values, phase.name)
-    peak = lambda m: step_estimate(*case, m, phase.L, precision, phase.objective, phase.flags)["peak"]  # noqa: E731
+    estimated = dataclasses.replace(phase, precision="bf16" if phase.precision in ("bf16", "fp16") else "fp32")
+    peak = lambda m: step_estimate(estimated, m)["peak"]  # noqa: E731
     if accum_steps is None:
-        whole = step_estimate(*case, batch, phase.L, precision, phase.objective, phase.flags)
+        whole = step_estimate(estimated, batch)
         accum_steps = 1
         if whole["peak"] > budget:
             # weights, gradients, AdamW's moments stay; the step's activations shrink with the micro-batch: a
@@ -297,10 +298,11 @@ def memory_growth(cases):
     for model_name, task, phase, precision, B, lengths in cases:
         torch.manual_seed(0)
         values = check_values(model_name, task, phase)
-        model = training_case(model_name, task, values, phase, B, 32)[0]()
+        model = training_case(Phase(model_name, task, values, phase, 32), B)[0]()
         opt = torch.optim.AdamW(model.parameters())
         for L in [32, *lengths]:
-            forward, before = training_case(model_name, task, values, phase, B, L)[1], memory_mib("cpu", "now", True)
+            forward = training_case(Phase(model_name, task, values, phase, L), B)[1]
+            before = memory_mib("cpu", "now", True)
             with autocast(precision):
                 loss = forward(model)
             loss.backward()
@@ -327,7 +329,7 @@ def memory_check(cases=CHECKS):
     """Estimate vs measurement for each case and length: rows with est_mib and measured_mib."""
     measured = iter(measure_memory(cases))
     return [dict(model=m, task=t, phase=p, precision=pr, B=B, L=L, measured_mib=next(measured),
-                 est_mib=training_memory(m, t, check_values(m, t, p), p, B, L, pr)["step"] / 2**20)
+                 est_mib=training_memory(Phase(m, t, check_values(m, t, p), p, L, pr), B)["step"] / 2**20)
             for m, t, p, pr, B, lengths in cases for L in lengths]
 
 

@@ -32,9 +32,9 @@ def test_live_bytes_counts_each_storage_once_and_forgets_it_when_freed():
 def test_peak_estimated_from_one_and_two_layers_equals_the_whole_models():
     for model_name, task, phase in (("s4", "listops", "finetune"), ("transformer", "text", "spt")):
         values = presets.values_for("paper", model_name, task, phase == "spt")   # S4 ListOps: 8 post-norm layers
-        cased = memory.training_case(model_name, task, values, phase, 2, 256)
+        cased = memory.training_case(memory.Phase(model_name, task, values, phase, 256, "bf16"), 2)
         whole = memory.simulated_peak(*cased, "bf16")
-        est = memory.training_memory(model_name, task, values, phase, 2, 256, "bf16")
+        est = memory.training_memory(memory.Phase(model_name, task, values, phase, 256, "bf16"), 2)
         assert (est["n_params"], est["step"]) == (whole[0], whole[2]), f"{model_name}: {est} vs the whole {whole}"
 
 
@@ -111,7 +111,8 @@ def test_the_memory_plan_and_the_training_step_take_their_batch_functions_from_o
     flags = {k: f.default for k, f in models.OBJECTIVES[objective].flags.items()} if objective else None
     values = {**presets.values_for("tiny", "dlr", "listops", phase == "spt"), "d_model": 8, "n_layers": 1,
               "d_state": 8}
-    build, forward = memory.training_case("dlr", "listops", values, phase, 2, 32, objective, flags)
+    case = memory.Phase("dlr", "listops", values, phase, 32, "fp32", objective, flags)
+    build, forward = memory.training_case(case, 2)
     model = build()
     if objective == "rtd":
         assert any("generator" in name for name, _ in model.named_modules()), "rtd's generator is in the estimate"

@@ -353,8 +353,9 @@ def largest_part(check):
         values = {**presets.values_for("paper", model_name, task, phase == "spt"), **check.scale["largest_size"]}
         batch = values["pretrain_batch_size" if phase == "spt" else "batch_size"]
         L = check.scale["largest_L"] or max(hardware.padded_lengths(task))
-        plan = memory.plan_phase(memory.Phase(model_name, task, values, phase, L, precision), batch, budget)
-        build, forward = memory.training_case(model_name, task, values, phase, plan["micro_batch"], L)
+        case = memory.Phase(model_name, task, values, phase, L, precision)
+        plan = memory.plan_phase(case, batch, budget)
+        build, forward = memory.training_case(case, plan["micro_batch"])
         torch.manual_seed(0)
         model = build().to(device)
         opt = torch.optim.AdamW(model.parameters())
@@ -385,7 +386,7 @@ def attention_part(check):
     values = presets.values_for("paper", "transformer", "pathx", False)
     L, B = check.scale["attention_L"], check.scale["attention_batch"]
     extra = {} if check.scale["attention_L"] >= 16384 else dict(local_min_len=L // 2, block_size=L // 4)
-    build, forward = memory.training_case("transformer", "pathx", {**values, **extra}, "finetune", B, L)
+    build, forward = memory.training_case(memory.Phase("transformer", "pathx", {**values, **extra}, "finetune", L), B)
     torch.manual_seed(0)
     model = build().to(check.args.device)
     precision = training_precision(check)

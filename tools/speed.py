@@ -20,7 +20,7 @@ import ssm
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
 from lab.run import git_commit
-from lab.memory import device_type, memory_mib, simulated_peak, table, training_case
+from lab.memory import Phase, device_type, memory_mib, simulated_peak, table, training_case
 from transformer import Transformer, TransformerConfig
 from lab import presets
 
@@ -181,7 +181,7 @@ def train_step(model_name, preset, args):
     full-length batch of args.task: the step whose memory the estimate counts."""
     values, L = presets.values_for(preset, model_name, args.task, spt=False), lra_data.TASKS[args.task].max_len
     B = args.train_batch or max(1, min(values["batch_size"], args.max_tokens // L))
-    build, forward = training_case(model_name, args.task, values, "finetune", B, L)
+    build, forward = training_case(Phase(model_name, args.task, values, "finetune", L), B)
     torch.manual_seed(0)
     model = build().to(args.device)
     opt = torch.optim.AdamW(model.parameters())
@@ -208,7 +208,7 @@ def eval_pass(args, task="pathx", batches=4, batch=2, size=None):
     for model_name in ("s4", "dlr"):
         values = {**presets.values_for("paper", model_name, task, spt=False), **(size or {})}
         torch.manual_seed(0)
-        model = training_case(model_name, task, values, "finetune", batch, L)[0]().to(args.device).eval()
+        model = training_case(Phase(model_name, task, values, "finetune", L), batch)[0]().to(args.device).eval()
         xs = [torch.randn(batch, L, model.backbone.cfg.d_input, device=args.device) for _ in range(batches)]
         sync, out = synchronizer(args.device), {}
         for cached in (False, True):
