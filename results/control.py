@@ -33,7 +33,6 @@ sys.path.insert(0, str(REPO))
 from tools import checked  # noqa: E402  (finite flags, checked reads, no torch)
 
 CHECKPOINTS = ("spt.pt", "best.pt", "last.pt")   # what train.py writes into a run folder and this driver may delete
-RUN_FILES = ("config.json", "log.txt", "log.jsonl", ".lock", *CHECKPOINTS)
 MODELS = ["transformer", "s4", "dlr"]
 SETTING = ["--preset", "tiny", "--task", "text", "--max-len", "512", "--max-train", "4000", "--max-eval", "0",
            "--d-model", "64", "--n-layers", "2", "--batch-size", "16", "--device", "cpu"]
@@ -67,18 +66,16 @@ def existing(out):
     return found
 
 
-def remove_run(folder):
-    """Delete what train.py wrote into a run folder (RUN_FILES), then the folder if nothing else is left: a user's own
-    file in it stays, with the folder. -> whether the folder is gone."""
-    for name in RUN_FILES:
-        (folder / name).unlink(missing_ok=True)
-    for tmp in folder.glob("*.tmp"):                          # a write that a kill cut short (runs.write_whole)
-        tmp.unlink()
-    if any(folder.iterdir()):
-        print(f"note: {folder}: kept (it holds files train.py did not write); its run files were removed")
-        return False
-    folder.rmdir()
-    return True
+def set_aside(folder):
+    """Move a run folder that stopped before its first evaluation (nothing to resume) to <out>/stopped/, so that the
+    run can start again and nothing in the folder (a user's notes included) is deleted. -> the new place."""
+    aside = folder.parent / "stopped" / folder.name
+    while aside.exists():                                     # set aside before: keep both
+        aside = aside.with_name(aside.name + "+")
+    aside.parent.mkdir(exist_ok=True)
+    folder.rename(aside)
+    print(f"note: {folder.name}: set aside in {aside} (stopped before its first evaluation)", flush=True)
+    return aside
 
 
 def in_use(folder):
@@ -156,7 +153,7 @@ def main(argv=None):
                     continue
                 if folder and not (folder / "last.pt").is_file():   # stopped before its first evaluation:
                     print(f"{folder.name}: stopped before its first evaluation; starting it again")
-                    remove_run(folder)                               # nothing in it to keep or resume
+                    set_aside(folder)                                # nothing in it to resume
                     folder = None
                 todo.append((f"{arm}-{model}-s{seed}", command(model, seed, flags, args), folder))
     print(f"{len(todo)} runs to do ({sum(1 for t in todo if t[2])} to resume), {args.jobs} at a time", flush=True)

@@ -185,8 +185,8 @@ def plan(jobs, out, cpu, reuse_from, dry=False, log=print, any_cpu=False):
             continue
         if folder and not (folder / "last.pt").is_file():
             log(f"{folder.name}: stopped before its first evaluation; starting it again")
-            if not dry:              # train.py's files go; a user's own file stays, with the folder
-                control.remove_run(folder)
+            if not dry:              # moved to <out>/stopped/, nothing deleted
+                control.set_aside(folder)
             folder = None
         source = reusable.get((ident, cpu))
         if folder is None and source and (source[0] / "results.json").is_file():

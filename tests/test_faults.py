@@ -697,16 +697,17 @@ def test_a_tool_refuses_to_overwrite_a_file_it_did_not_write_and_formats_never_s
     assert not (tmp_path / "b.md").exists()
 
 
-def test_the_control_driver_removes_only_what_train_py_wrote_in_a_run_it_restarts(tmp_path):
+def test_the_control_driver_sets_a_stopped_run_aside_with_every_file_in_it(tmp_path):
     control = tool_main("results/control.py").__globals__
-    folder = tmp_path / "text-dlr-spt-s0-a"
-    folder.mkdir()
-    for name in ("config.json", "log.txt", ".lock", "last.pt.tmp", "notes.txt"):
-        (folder / name).write_text("x")
-    assert control["remove_run"](folder) is False and os.listdir(folder) == ["notes.txt"]
-    (folder / "notes.txt").unlink()
-    (folder / "config.json").write_text("x")
-    assert control["remove_run"](folder) is True and not folder.exists()
+    for _ in range(2):                                      # the second time beside the first, not over it
+        folder = tmp_path / "text-dlr-spt-s0-a"
+        folder.mkdir()
+        for name in ("config.json", "log.txt", ".lock", "last.pt.tmp", "notes.txt"):
+            (folder / name).write_text("x")
+        aside = control["set_aside"](folder)
+        assert not folder.exists() and sorted(os.listdir(aside)) == [".lock", "config.json", "last.pt.tmp",
+                                                                    "log.txt", "notes.txt"]
+    assert sorted(os.listdir(tmp_path / "stopped")) == ["text-dlr-spt-s0-a", "text-dlr-spt-s0-a+"]
 
 
 # ---- every file read is checked where it is read (point 2) --------------------------------------------------------

@@ -239,6 +239,7 @@ def test_the_control_driver_leaves_alone_a_run_another_train_py_is_running(tmp_p
                              "--arms", "tfs", "spt", "--out", str(out), "--console", str(tmp_path / "console")]) == 0
     assert (out / "text-dlr-spt-s0-b" / "config.json").is_file(), "the driver deleted a run another one is running"
     assert not (out / "text-dlr-tfs-s0-a").exists(), "the unlocked run stopped before its first evaluation was kept"
+    assert (out / "stopped" / "text-dlr-tfs-s0-a" / "config.json").is_file(), "it was deleted, not set aside"
     assert [("--spt" in cmd, f) for cmd, f in calls] == [(False, None)], calls
     assert "text-dlr-spt-s0-b: being run by another train.py" in capsys.readouterr().out
 
@@ -367,7 +368,7 @@ def test_the_why_spt_driver_skips_resumes_restarts_reuses_and_keys_a_run_by_its_
                                                              ("s1-intel", None), ("s3", None), ("s4-s1", None)]
     assert [n for n, _, _ in dry] == [n for n, _, _ in todo]
     assert not (out / "early-s0").exists(), "a run stopped before its first evaluation is started again"
-    assert os.listdir(out / "noted-s0") == ["notes.txt"], "a user's file in a stopped run folder was deleted"
+    assert "notes.txt" in os.listdir(out / "stopped" / "noted-s0"), "a user's file in a stopped run folder was deleted"
     assert json.loads((out / "ctl-s2" / "reused.json").read_text())["reused_from"].endswith("ctl-s2")
     assert not (out / "ctl-s2" / "best.pt").exists(), "a reused run brings no checkpoint"
     assert not (out / "ctl-s2-later").exists(), "the reused run is this CPU model's, not the later folder"
