@@ -10,6 +10,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import plots  # noqa: E402  (results/plots.py: figures written whole, over the tool's own files only)
 from why_spt import arm_of, cpu_of  # noqa: E402  (the study's arms and run keys)
 
 
@@ -226,8 +227,7 @@ def plot_length(cells, path, plt):
                         "conv40-rot") if (r := cells.get(("transformer", a), {}).get(seed, {}).get(cpu)))
         ax.plot(*zip(*points), marker="o", label=f"seed {seed}")
     ax.set_xlabel("SPT epochs run (0: from scratch)"), ax.set_ylabel("test accuracy %"), ax.legend()
-    ax.set_title("Rotary Transformer, Text: SPT length")
-    fig.tight_layout(), fig.savefig(path, dpi=120), plt.close(fig)
+    plots.save(plt, fig, path, "Rotary Transformer, Text: SPT length", 60, 10)   # whole, over its own file only
 
 
 def section(folder, runs, stats):

@@ -546,3 +546,21 @@ def test_the_why_spt_driver_names_a_damaged_or_foreign_folder_in_its_out_in_one_
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("why_spt.py: error: ") and str(folder) in err[0], err
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "notes.txt"]
     assert (folder / "config.json").read_text() == config
+
+
+def test_the_spt_length_figure_is_written_whole_and_never_over_a_users_file(tmp_path):
+    plt = pytest.importorskip("matplotlib.pyplot", reason="matplotlib (optional) draws the figure")
+    tables = script("why_spt_tables")
+    run = lambda test, epochs: {"AMD EPYC": {"test": test, "spt_epochs_run": epochs}}
+    cells = {("transformer", "tfs-rot"): {3: run(0.6, None)}, ("transformer", "spt-rot"): {3: run(0.62, 3)},
+             ("transformer", "conv-rot"): {3: run(0.64, 15)}, ("transformer", "conv40-rot"): {3: run(0.65, 22)}}
+    tables.plot_length(cells, tmp_path / "spt_length.png", plt)
+    first = (tmp_path / "spt_length.png").read_bytes()
+    tables.plot_length(cells, tmp_path / "spt_length.png", plt)          # its own file: rewritten, the same bytes
+    assert (tmp_path / "spt_length.png").read_bytes() == first and first.startswith(b"\x89PNG")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "spt_length.png").write_text("the user's")
+    with pytest.raises(Exception, match="left untouched"):
+        tables.plot_length(cells, tmp_path / "mine" / "spt_length.png", plt)
+    assert (tmp_path / "mine" / "spt_length.png").read_text() == "the user's"
+    assert not list(tmp_path.rglob("*.tmp"))
