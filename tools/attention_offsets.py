@@ -16,7 +16,6 @@ Check: tests/test_attention_offsets.py (local attention gives δ = 0 or 1, unifo
 """
 import argparse
 import json
-import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -144,14 +143,8 @@ def analyse_run(folder, max_examples=0, batch_size=16):
     if "best.pt" not in found:
         raise SystemExit(f"attention_offsets.py: {folder} has no best.pt (keep the run's checkpoints: "
                          "results/why_spt.py does)")
-    result = dict(run=folder.name, pos=pos, spt=bool(ck["args"]["spt"]), seed=ck["args"]["seed"],
-                  checkpoints=found)
-    tmp = folder / "attention.json.tmp"                  # whole or not at all: a full disk leaves the old file
-    try:
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        os.replace(tmp, folder / "attention.json")
-    finally:
-        tmp.unlink(missing_ok=True)
+    result = dict(run=folder.name, pos=pos, spt=bool(ck["args"]["spt"]), seed=ck["args"]["seed"], checkpoints=found)
+    checked.write_whole(folder / "attention.json", json.dumps(result, indent=1) + "\n")   # a full disk keeps the old
     return result
 
 

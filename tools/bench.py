@@ -1,15 +1,10 @@
 """tools/bench.py: how fast and how big the three models are, and the GPU check that ships with the repo.
-speed:   one layer of each (forward + backward) at growing L, its SSM kernel alone, whole training
-         steps of the presets; time ∝ L^p fitted over ≥ 3 lengths (p ≈ 1 for an FFT convolution,
-         ≈ 2 for full attention); the kernels with and without exact float32 matmuls
-         (tools/speed.py)
-memory:  --memory: the estimated peak of every --preset paper step, checked against real CPU steps
-         (lab/memory.py)
-eval:    --eval-cache: an evaluation pass at PathX's paper configuration with the SSM kernels
-         computed per batch (before) and once per pass (now) (tools/speed.py)
-check:   --gpu-check: TF32 state, kernels against float64, the main command under sync debug
-         mode, the largest presets' memory, fused attention, --compile, the SPT batch, within
-         --minutes of the process's start (tools/gpu_check.py)
+speed:   one layer of each model at growing L, its SSM kernel alone, whole training steps, the kernels with and
+         without exact float32 matmuls (tools/speed.py)
+memory:  --memory: the estimated peak of every --preset paper step, checked against real CPU steps (lab/memory.py)
+eval:    --eval-cache: an evaluation pass at PathX's paper configuration, the SSM kernels computed per batch (before)
+         and once per pass (now) (tools/speed.py)
+check:   --gpu-check: parts (a)-(g) within --minutes of the process's start (tools/gpu_check.py)
 usage:   python tools/bench.py [--quick] [--device cuda] [--precision bf16] [--out runs/bench.json]
          python tools/bench.py --memory [--out ...]
          python tools/bench.py --eval-cache [--eval-batches 4] [--eval-batch 2] [--out ...]
@@ -66,11 +61,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     flag = p.add_argument
     flag("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    flag("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
-         help="layers: autocast dtype")
+    flag("--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="layers: autocast dtype")
     flag("--quick", action="store_true", help=f"fewer lengths, shorter timing: {speed.QUICK}")
-    flag("--memory", action="store_true",
-         help="estimate the peak memory of the --preset paper runs instead")
+    flag("--memory", action="store_true", help="estimate the peak memory of the --preset paper runs instead")
     flag("--eval-cache", action="store_true",
          help="an evaluation pass at PathX, SSM kernels per batch vs once per pass, instead")
     flag("--eval-batches", type=at_least(1), default=4, help="--eval-cache: batches in the pass")
@@ -79,43 +72,28 @@ def parse_args(argv=None):
     flag("--minutes", type=in_range(0, math.inf, open_low=True), default=8.0,
          help="--gpu-check: all of it, from the process's start")
     flag("--check-scale", choices=["paper", "tiny"], default=None,
-         help="--gpu-check sizes (default: paper on cuda, tiny on cpu: width 16, one layer, "
-              "a few steps)")
-    flag("--out-dir", default=None,
-         help="--gpu-check: output folder (default: a new temporary folder, printed)")
-    flag("--lengths", type=at_least(1), nargs="+", default=None,
-         help=f"lengths L ({speed.FULL['lengths']})")
-    flag("--batch", type=at_least(1), default=speed.DEFAULTS["batch"],
-         help="B of one layer's forward+backward")
-    flag("--max-tokens", type=at_least(1), default=None,
-         help=f"B ≤ this // L ({speed.FULL['max_tokens']})")
-    flag("--d-model", type=at_least(1), default=speed.DEFAULTS["d_model"],
-         help="H, channels of each layer")
-    flag("--d-state", type=at_least(1), default=speed.DEFAULTS["d_state"],
-         help="N of S4 (nplr and diag)")
+         help="--gpu-check sizes (default: paper on cuda, tiny on cpu: width 16, one layer, a few steps)")
+    flag("--out-dir", default=None, help="--gpu-check: output folder (default: a new temporary folder, printed)")
+    flag("--lengths", type=at_least(1), nargs="+", default=None, help=f"lengths L ({speed.FULL['lengths']})")
+    flag("--batch", type=at_least(1), default=speed.DEFAULTS["batch"], help="B of one layer's forward+backward")
+    flag("--max-tokens", type=at_least(1), default=None, help=f"B ≤ this // L ({speed.FULL['max_tokens']})")
+    flag("--d-model", type=at_least(1), default=speed.DEFAULTS["d_model"], help="H, channels of each layer")
+    flag("--d-state", type=at_least(1), default=speed.DEFAULTS["d_state"], help="N of S4 (nplr and diag)")
     flag("--dlr-state", type=at_least(1), default=speed.DEFAULTS["dlr_state"], help="N of DLR")
     flag("--n-heads", type=at_least(1), default=speed.DEFAULTS["n_heads"],
          help="attention heads of the Transformer layer")
-    flag("--models", nargs="+", choices=speed.LAYERS, default=speed.LAYERS,
-         help="layers to measure")
-    flag("--task", choices=lra_data.TASKS, default="pathfinder",
-         help="task of the training-step measurement")
+    flag("--models", nargs="+", choices=speed.LAYERS, default=speed.LAYERS, help="layers to measure")
+    flag("--task", choices=lra_data.TASKS, default="pathfinder", help="task of the training-step measurement")
     flag("--presets", nargs="*", choices=PRESETS, default=None,
          help=f"training-step presets ({speed.FULL['presets']})")
-    flag("--train-batch", type=at_least(1), default=None,
-         help="B of the training step (preset's ≤ tokens/L)")
+    flag("--train-batch", type=at_least(1), default=None, help="B of the training step (preset's ≤ tokens/L)")
     flag("--kernel-precision", action=argparse.BooleanOptionalAction, default=None,
          help="the kernels at PathX with TF32 allowed and guarded (default: on, off with --quick)")
-    flag("--min-time", type=in_range(0, math.inf), default=None,
-         help=f"seconds of repeats ({speed.FULL['min_time']})")
-    flag("--max-reps", type=at_least(1), default=None,
-         help=f"most timed repeats ({speed.FULL['max_reps']})")
-    flag("--max-step-seconds", type=in_range(0, math.inf), default=60.0,
-         help="skip a row predicted slower than this")
-    flag("--fit-from", type=at_least(1), default=None,
-         help=f"fit over L ≥ this ({speed.FULL['fit_from']})")
-    flag("--out", default="runs/bench.json",
-         help="JSON results; the markdown tables go next to it (.md)")
+    flag("--min-time", type=in_range(0, math.inf), default=None, help=f"seconds of repeats ({speed.FULL['min_time']})")
+    flag("--max-reps", type=at_least(1), default=None, help=f"most timed repeats ({speed.FULL['max_reps']})")
+    flag("--max-step-seconds", type=in_range(0, math.inf), default=60.0, help="skip a row predicted slower than this")
+    flag("--fit-from", type=at_least(1), default=None, help=f"fit over L ≥ this ({speed.FULL['fit_from']})")
+    flag("--out", default="runs/bench.json", help="JSON results; the markdown tables go next to it (.md)")
     p.error = lambda message: fail(f"{message} (python tools/bench.py --help lists the flags)")
     args = p.parse_args(argv)
     for key, value in (speed.QUICK if args.quick else speed.FULL).items():
@@ -124,10 +102,8 @@ def parse_args(argv=None):
         fail(f"--lengths {' '.join(map(str, args.lengths))}: each length once (a repeated length "
              f"measures nothing new, and the fit of time against L needs distinct lengths)")
     check_args(args)
-    args.check_scale = args.check_scale or (
-        "paper" if device_type(args.device) == "cuda" else "tiny")
-    args.kernel_precision = (not args.quick if args.kernel_precision is None
-                             else args.kernel_precision)
+    args.check_scale = args.check_scale or ("paper" if device_type(args.device) == "cuda" else "tiny")
+    args.kernel_precision = not args.quick if args.kernel_precision is None else args.kernel_precision
     return args
 
 
@@ -137,11 +113,8 @@ def check_args(args):
         check_device(args.device)
     except ValueError as e:
         fail(f"--device {args.device}: {e}")
-    outs = ([("--out-dir", args.out_dir, True)] if args.gpu_check
-            else [("--out", args.out, False)])
-    for name, path, is_folder in outs:
-        if path is None:
-            continue
+    name, path, is_folder = ("--out-dir", args.out_dir, True) if args.gpu_check else ("--out", args.out, False)
+    if path is not None:
         path = Path(path)
         if path.exists() and path.is_dir() != is_folder:
             fail(f"{name} {path} is a {'file' if is_folder else 'folder'}: pass a "

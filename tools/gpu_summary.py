@@ -52,15 +52,14 @@ def summary_lines(check):
     """summary.md: measured numbers only; the device, torch, commit and command first, each part's verdict, its
     numbers."""
     m, parts = check.machine, check.parts
-    MARGIN_S = check.margin_s
     used = (time.time() - check.started) / 60
     lines = [f"# tools/bench.py --gpu-check: {m['cpu']}", "",
              f"device {m['cpu']} ({check.args.device}, {m['gpu_memory_mib']:.0f} MiB, {m['cores']} CPU cores) | "
              f"torch {m['torch']} (CUDA {m['cuda']}) | commit {m['commit']} | `{m['command']}` | scale "
              f"{check.args.check_scale}", "",
              f"deadline: {used:.1f} of {check.args.minutes:g} min from the process's start "
-             f"({'kept' if time.time() <= check.deadline + MARGIN_S else 'exceeded'}; the check stops "
-             f"{MARGIN_S} s before)", ""]
+             f"({'kept' if time.time() <= check.deadline + check.margin_s else 'exceeded'}; the check stops "
+             f"{check.margin_s} s before)", ""]
     for name in check.names:
         part = parts.get(name)
         if part is None:
@@ -68,9 +67,8 @@ def summary_lines(check):
         elif part["status"] == "ok":
             lines.append(f"- {name}: measured ({part.get('seconds', 0):.1f} s)")
         else:
-            why = part.get("reason") or (part.get("error") or "").strip().splitlines()[-1:] or ["?"]
-            lines.append(f"- {name}: {'skipped' if part['status'] == 'skipped' else 'failed'}: "
-                         f"{why if isinstance(why, str) else why[0]}")
+            why = part.get("reason") or ((part.get("error") or "").strip().splitlines() or ["?"])[-1]
+            lines.append(f"- {name}: {'skipped' if part['status'] == 'skipped' else 'failed'}: {why}")
     if parts.get("tf32", {}).get("status") == "ok":
         lines += ["", "## (a) TF32 state per --precision (cuBLAS's query after / inside the kernel guard)", "",
                   *table(["precision", "cuBLAS TF32 after", "inside guard", "get_float32_matmul_precision"],
