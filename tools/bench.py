@@ -16,8 +16,7 @@ import time
 
 
 def process_start():
-    """Unix time at which this process started (Linux: /proc, so the interpreter's own start-up
-    counts), else now."""
+    """Unix time at which this process started (Linux: /proc, so the interpreter's own start-up counts), else now."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, after boot
@@ -29,9 +28,8 @@ def process_start():
 
 
 STARTED = process_start()          # --gpu-check's --minutes count from here: imports included
-# Before torch starts OpenMP: on a shared CPU, spinning threads wait a whole time slice for a
-# descheduled partner in every parallel region (results/bench_notes.md). Set OMP_WAIT_POLICY=ACTIVE
-# yourself on a dedicated machine.
+# Before torch starts OpenMP: on a shared CPU, spinning threads wait a whole time slice for a descheduled partner in
+# every parallel region (results/bench_notes.md). Set OMP_WAIT_POLICY=ACTIVE yourself on a dedicated machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -99,8 +97,8 @@ def parse_args(argv=None):
     for key, value in (speed.QUICK if args.quick else speed.FULL).items():
         setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
     if len(set(args.lengths)) < len(args.lengths):
-        fail(f"--lengths {' '.join(map(str, args.lengths))}: each length once (a repeated length "
-             f"measures nothing new, and the fit of time against L needs distinct lengths)")
+        fail(f"--lengths {' '.join(map(str, args.lengths))}: each length once (a repeated length measures nothing "
+             "new, and the fit of time against L needs distinct lengths)")
     check_args(args)
     args.check_scale = args.check_scale or ("paper" if device_type(args.device) == "cuda" else "tiny")
     args.kernel_precision = not args.quick if args.kernel_precision is None else args.kernel_precision
@@ -108,28 +106,32 @@ def parse_args(argv=None):
 
 
 def check_args(args):
-    """The device and the output paths, before anything is measured: one line, exit 2."""
+    """The device and the output paths (writable, none of them a file that tools/bench.py did not write), before
+    anything is measured: one line, exit 2."""
     try:
         check_device(args.device)
     except ValueError as e:
         fail(f"--device {args.device}: {e}")
-    name, path, is_folder = ("--out-dir", args.out_dir, True) if args.gpu_check else ("--out", args.out, False)
-    if path is not None:
-        path = Path(path)
-        if path.exists() and path.is_dir() != is_folder:
-            fail(f"{name} {path} is a {'file' if is_folder else 'folder'}: pass a "
-                 f"{'folder' if is_folder else 'file name, e.g. runs/bench.json'}")
-        writable_or_fail(name, path if is_folder else path.parent)
-    if not args.gpu_check:                          # the JSON and the markdown: two paths, both ours
-        out = Path(args.out)
-        if out.with_suffix(".md") == out:
-            fail(f"--out {out}: the JSON results go there and the markdown tables next to it "
-                 f"(.md); pass a .json name, e.g. {out.with_suffix('.json')}")
-        for path in (out, out.with_suffix(".md")):
-            if not checked.owned(path):
-                fail(f"--out {args.out}: {path} exists and tools/bench.py did not write it (it is not "
-                     f"in {path.parent / checked.MANIFEST}); it is left untouched: move it away "
-                     f"or pass another --out")
+    flag, path, is_folder = ("--out-dir", args.out_dir, True) if args.gpu_check else ("--out", args.out, False)
+    if path is None:                                # --gpu-check without --out-dir: a new temporary folder
+        return
+    path = Path(path)
+    if path.exists() and path.is_dir() != is_folder:
+        fail(f"{flag} {path} is a {'file' if is_folder else 'folder'}: pass a "
+             f"{'folder' if is_folder else 'file name, e.g. runs/bench.json'}")
+    writable_or_fail(flag, path if is_folder else path.parent)
+    if is_folder:
+        from tools.gpu_check import OUTPUTS
+        mine = [path / name for name in OUTPUTS]
+    elif path.with_suffix(".md") == path:
+        fail(f"--out {path}: the JSON results go there and the markdown tables next to it (.md); pass a .json name, "
+             f"e.g. {path.with_suffix('.json')}")
+    else:
+        mine = [path, path.with_suffix(".md")]      # the JSON and the markdown: two paths, both ours
+    for file in mine:
+        if not checked.owned(file):
+            fail(f"{flag} {path}: {file} exists and tools/bench.py did not write it (it is not in "
+                 f"{file.parent / checked.MANIFEST}); it is left untouched: move it away or pass another {flag}")
 
 
 def writable_or_fail(name, folder):
@@ -147,11 +149,10 @@ def writable_or_fail(name, folder):
 
 def report(res, args):
     m = res["machine"]
-    lines = [f"machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads "
-             f"(OMP_NUM_THREADS={m['omp_num_threads']}, OMP_WAIT_POLICY={m['omp_wait_policy']}), "
-             f"load average {' / '.join(map(str, m['load']))} (1 / 5 / 15 min) at start; "
-             f"torch {m['torch']}; commit {m['commit']}; `{m['command']}`; "
-             f"run time {res['seconds']:.0f} s", ""]
+    lines = [f"machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads (OMP_NUM_THREADS="
+             f"{m['omp_num_threads']}, OMP_WAIT_POLICY={m['omp_wait_policy']}), load average "
+             f"{' / '.join(map(str, m['load']))} (1 / 5 / 15 min) at start; torch {m['torch']}; commit {m['commit']}; "
+             f"`{m['command']}`; run time {res['seconds']:.0f} s", ""]
     return "\n".join(lines + (memory.memory_lines(res) if args.memory
                                else speed.eval_pass_lines(res["eval_pass"]) if args.eval_cache
                                else speed.speed_lines(res, args)))
@@ -182,8 +183,7 @@ def main(argv=None):
     except checked.NotOwned as e:                   # made by someone while we measured
         fail(str(e))
     except OSError as e:
-        fail(f"cannot write {out} ({e.strerror or e}): {checked.write_advice(e)}; the results "
-             f"are printed above")
+        fail(f"cannot write {out} ({e.strerror or e}): {checked.write_advice(e)}; the results are printed above")
     return res
 
 

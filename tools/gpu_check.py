@@ -2,9 +2,9 @@
 --out-dir D`, made to bring its numbers back from one lent window. --minutes (default 8: a 15-minute lease less the
 machine's start) counts from the start of the process, imports included, and the check ends MARGIN_S before it. Each
 part, when it ends, refreshes the three files of --out-dir (default: a new temporary folder, never the repo):
-summary.md (per part: measured / failed with its error's line / skipped with why, and the deadline kept), results.json
-(every part's numbers) and check.tar.gz (the parts' JSON and logs and the run folders' logs): three files, no folders,
-as a lent machine returns them. SIGTERM writes what is done and exits. Runs without git (commit "unknown").
+summary.md (tools/gpu_summary.py), results.json (every part's numbers) and check.tar.gz (the parts' JSON and logs and
+the run folders' logs): three files, no folders, as a lent machine returns them. SIGTERM writes what is done and
+exits. Runs without git (commit "unknown").
 parts, in order (PARTS; each part's docstring and docs/gpu.md say more):
   tf32      (a) torch's TF32 state after each --precision choice and inside the kernel guard (ssm.set_tf32)
   kernels   (b) the PathX paper layer's S4 NPLR, S4D, DLR kernels against float64, TF32 allowed and guarded
@@ -36,13 +36,11 @@ import torch
 
 import lra_data
 import ssm
-from lab import steps
+from lab import hardware, memory, presets, steps
+from lab.memory import device_type, memory_mib
 from lra import pathfinder
 from tools import checked, speed
-from lab import hardware, memory
 from tools.gpu_summary import last_lines, logged, summary_lines
-from lab.memory import device_type, memory_mib
-from lab import presets
 
 OUTPUTS = ("summary.md", "results.json", "check.tar.gz")   # all --out-dir gets (a lent machine returns 8 files)
 MARGIN_S = 15                  # the check ends this long before --minutes (writing summary.md takes well under 1 s)
@@ -94,12 +92,7 @@ class Check:
         self.machine = dict(speed.machine_info(argv, args), cuda=torch.version.cuda,
                             gpu_memory_mib=memory_mib(args.device, "total"))
         self.out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="gpu-check-out-"))
-        self.out.mkdir(parents=True, exist_ok=True)
-        theirs = [n for n in OUTPUTS if not checked.owned(self.out / n)]   # before any part: nothing overwritten
-        if theirs:
-            print(f"bench.py: error: --out-dir {self.out}: {theirs[0]} there was not written by the GPU check (not "
-                  f"in {checked.MANIFEST}); it is left untouched: pass another --out-dir", file=sys.stderr)
-            raise SystemExit(2)
+        self.out.mkdir(parents=True, exist_ok=True)        # its OUTPUTS checked ours before (bench.check_args)
         self.started, self.deadline = started, started + 60 * args.minutes - MARGIN_S
         self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))       # images, run folders, part files
         self.parts, self.data, self.names, self.margin_s = {}, {}, list(PARTS), MARGIN_S
@@ -208,8 +201,8 @@ def kernel_errors(kernel, L, grads_of):
 
 
 def kernels_part(check):
-    """(b) The PathX paper layer's kernels (S4 NPLR, S4D, DLR) at each length, forward and gradient, TF32 allowed (the
-    kernels' matmuls follow it: ssm.TF32_IN_KERNELS) and guarded (ssm.Matmul), against float64."""
+    """(b) The PathX paper layer's kernels (S4 NPLR, S4D, DLR) at each length, forward and gradient, TF32 allowed and
+    guarded (speed.tf32_allowed), against float64."""
     rows = []
     for name in speed.KERNELS:
         kernel = speed.paper_kernel(name, "pathx", check.args.device, **check.scale["kernel_size"])

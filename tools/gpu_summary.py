@@ -69,41 +69,38 @@ def summary_lines(check):
         else:
             why = part.get("reason") or ((part.get("error") or "").strip().splitlines() or ["?"])[-1]
             lines.append(f"- {name}: {'skipped' if part['status'] == 'skipped' else 'failed'}: {why}")
-    if parts.get("tf32", {}).get("status") == "ok":
+    ok = {name: part for name, part in parts.items() if part["status"] == "ok"}
+    if "tf32" in ok:
         lines += ["", "## (a) TF32 state per --precision (cuBLAS's query after / inside the kernel guard)", "",
                   *table(["precision", "cuBLAS TF32 after", "inside guard", "get_float32_matmul_precision"],
                          [[r["precision"], r["after"]["cublas_allow_tf32"], r["inside_guard"]["cublas_allow_tf32"],
                            r["after"]["float32_matmul_precision"]] for r in parts["tf32"]["rows"]])]
-    if parts.get("kernels", {}).get("status") == "ok":
+    if "kernels" in ok:
         lines += ["", "## (b) kernels against float64, worst channel (forward) and gradient, relative L2", "",
                   *table(["kernel", "L", "matmuls", "forward error", "gradient error"],
                          [[r["kernel"], r["L"], "guarded" if r["guarded"] else "TF32 allowed",
                            f"{r['forward_error']:.1e}", f"{r['grad_error']:.1e}"] for r in parts["kernels"]["rows"]])]
-    main = parts.get("main", {})
-    if main.get("status") == "ok":
+    if main := ok.get("main"):
         lines += ["", "## (c) the main command", "",
                   f"sync debug mode: {main['sync_debug_mode']}; precision {main['precision']}; SPT {main['spt_steps']} "
                   f"steps at {1e3 * main['spt_s_per_step']:.0f} ms/step (batch {main['pretrain_batch_size']}), "
                   f"fine-tuning {main['finetune_steps']} at {1e3 * main['finetune_s_per_step']:.0f} ms/step (batch "
                   f"{main['batch_size']}), evaluation included; peak {main['peak_mib']:.0f} MiB"
                   + ("" if main["reserved_mib"] is None else f", reserved {main['reserved_mib']:.0f} MiB")]
-    if parts.get("largest", {}).get("status") == "ok":
+    if "largest" in ok:
         lines += ["", "## (d) the largest paper presets, one training step", "",
                   *table(["model", "task", "phase", "L", "micro-batch × accum", "est. GiB", "peak GiB", "reserved GiB",
                           "s"], [[r["model"], r["task"], r["phase"], r["L"], f"{r['micro_batch']} × {r['accum_steps']}",
                                   f"{r['est_gib']:.2f}", f"{r['peak_gib']:.2f}", f"{r['reserved_gib']:.2f}",
                                   f"{r['seconds']:.1f}"] for r in parts["largest"]["rows"]])]
-    att = parts.get("attention", {})
-    if att.get("status") == "ok":
+    if att := ok.get("attention"):
         lines += ["", f"## (e) attention: forward + backward at L {att['L']} (batch {att['batch']}, {att['precision']}) "
                   f"with SDPA limited to {', '.join(att['backends'])}: {att['seconds']:.2f} s"]
-    comp = parts.get("compile", {})
-    if "records" in comp:
+    if "records" in (comp := parts.get("compile", {})):
         lines += ["", f"## (f) --compile ({comp['backend']}): fell back to eager: {'yes' if comp['fell_back'] else 'no'}",
                   "", *(f"- after {r['after']}: {r['graphs']} graphs, {r['frames_compiled']} frames compiled, "
                         f"{r['frames_eager']} eager, graph breaks {sum(r['graph_breaks'].values())}"
                         for r in comp["records"])]
-    g = parts.get("spt_batch", {})
-    if g.get("status") == "ok":
+    if g := ok.get("spt_batch"):
         lines += ["", f"## (g) SPT batch: {g['pretrain_batch_size']} (the preset's {g['preset']})"]
     return lines

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import math
 import os
+import statistics
 import time
 
 import torch
@@ -47,9 +48,7 @@ def settings(quick=True, **given):
 def synchronizer(device):
     """torch.cuda.synchronize for a CUDA device (any index), else nothing: a clock read without it on a GPU measures
     how fast the host queues kernels, not how fast they run."""
-    if device_type(device) == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
+    return (lambda: torch.cuda.synchronize(device)) if device_type(device) == "cuda" else (lambda: None)
 
 
 def timed(fn, args, slow=30.0):
@@ -172,9 +171,8 @@ def fit_exponent(rows, name, fit_from):
     fit = dict(p=None, lengths=[r["L"] for r in rows])
     if len({r["L"] for r in rows}) < FIT_POINTS:             # distinct lengths: a repeated L fits no slope
         return dict(fit, why=f"needs ≥ {FIT_POINTS} lengths ≥ fit_from {fit_from} at one B")
-    pts = [(math.log(r["L"]), math.log(r["seconds"])) for r in rows]
-    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    return dict(fit, p=sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
+    logs = [(math.log(r["L"]), math.log(r["seconds"])) for r in rows]
+    return dict(fit, p=statistics.linear_regression(*zip(*logs)).slope)
 
 
 def train_step(model_name, preset, args):
@@ -322,9 +320,7 @@ def tf32_allowed(guarded):
 def kernel_precision(args, task="pathx"):
     """What exact float32 matmuls cost and what TF32 would do, per kernel at the paper's `task` configuration
     (PathX: H = 256, N = 64 / DLR 1,024, L = 16,384): the kernel's forward+backward time and its per-channel relative
-    L2 error against float64, with the process allowing TF32 and the kernels' matmuls following it
-    (ssm.TF32_IN_KERNELS, the code before the guard) and with the guard (ssm.Matmul, TF32 off inside). On a CPU
-    there is no TF32: both rows are float32."""
+    L2 error against float64, TF32 allowed and guarded (tf32_allowed). On a CPU there is no TF32: both are float32."""
     L, rows = lra_data.TASKS[task].max_len, []
     for name in KERNELS:
         kernel = paper_kernel(name, task, args.device)
