@@ -16,7 +16,6 @@ Check: tests/test_attention_offsets.py (local attention gives δ = 0 or 1, unifo
 """
 import argparse
 import json
-import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -59,8 +58,7 @@ def offset_sums(a, lengths):
     Returns (mass (nh, L) float64, the number of real queries): divide by the second for M_h(d)."""
     B, nh, L, _ = a.shape
     real = torch.ones(B, L, dtype=torch.bool) if lengths is None else torch.arange(L) < lengths.cpu()[:, None]
-    i = torch.arange(L)
-    offset = (i[:, None] - i[None, :]).abs()                                    # (L, L)
+    offset = (torch.arange(L)[:, None] - torch.arange(L)).abs()                  # (L, L)
     per_pair = (a.double().cpu() * real[:, None, :, None]).sum(0)               # (nh, L, L): real queries only
     mass = torch.zeros(nh, L, dtype=torch.float64).index_add_(1, offset.flatten(), per_pair.flatten(1))  # (nh, L)
     return mass, int(real.sum())
@@ -76,8 +74,7 @@ def position_scores(backbone, L):
     layer = backbone.layers[0]
     q, k, _ = layer.project(layer.norm1(code.to(torch.float32)[None]), None)   # (1, nh, L, hs) each
     scores = (q @ k.transpose(-1, -2) / q.size(-1) ** 0.5)[0].double()         # (nh, L, L)
-    i = torch.arange(L)
-    offset = (i[:, None] - i[None, :]).abs().flatten()                          # (L·L,)
+    offset = (torch.arange(L)[:, None] - torch.arange(L)).abs().flatten()        # (L·L,)
     total = torch.zeros(scores.size(0), L, dtype=torch.float64).index_add_(1, offset, scores.flatten(1))
     return total / torch.bincount(offset, minlength=L).double()                 # (nh, L)
 
@@ -144,14 +141,8 @@ def analyse_run(folder, max_examples=0, batch_size=16):
     if "best.pt" not in found:
         raise SystemExit(f"attention_offsets.py: {folder} has no best.pt (keep the run's checkpoints: "
                          "results/why_spt.py does)")
-    result = dict(run=folder.name, pos=pos, spt=bool(ck["args"]["spt"]), seed=ck["args"]["seed"],
-                  checkpoints=found)
-    tmp = folder / "attention.json.tmp"                  # whole or not at all: a full disk leaves the old file
-    try:
-        tmp.write_text(json.dumps(result, indent=1) + "\n")
-        os.replace(tmp, folder / "attention.json")
-    finally:
-        tmp.unlink(missing_ok=True)
+    result = dict(run=folder.name, pos=pos, spt=bool(ck["args"]["spt"]), seed=ck["args"]["seed"], checkpoints=found)
+    checked.write_whole(folder / "attention.json", json.dumps(result, indent=1) + "\n")   # a full disk keeps the old
     return result
 
 

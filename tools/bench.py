@@ -1,15 +1,10 @@
 """tools/bench.py: how fast and how big the three models are, and the GPU check that ships with the repo.
-speed:   one layer of each (forward + backward) at growing L, its SSM kernel alone, whole training
-         steps of the presets; time ∝ L^p fitted over ≥ 3 lengths (p ≈ 1 for an FFT convolution,
-         ≈ 2 for full attention); the kernels with and without exact float32 matmuls
-         (tools/speed.py)
-memory:  --memory: the estimated peak of every --preset paper step, checked against real CPU steps
-         (lab/memory.py)
-eval:    --eval-cache: an evaluation pass at PathX's paper configuration with the SSM kernels
-         computed per batch (before) and once per pass (now) (tools/speed.py)
-check:   --gpu-check: TF32 state, kernels against float64, the main command under sync debug
-         mode, the largest presets' memory, fused attention, --compile, the SPT batch, within
-         --minutes of the process's start (tools/gpu_check.py)
+speed:   one layer of each model at growing L, its SSM kernel alone, whole training steps, the kernels with and
+         without exact float32 matmuls (tools/speed.py)
+memory:  --memory: the estimated peak of every --preset paper step, checked against real CPU steps (lab/memory.py)
+eval:    --eval-cache: an evaluation pass at PathX's paper configuration, the SSM kernels computed per batch (before)
+         and once per pass (now) (tools/speed.py)
+check:   --gpu-check: parts (a)-(g) within --minutes of the process's start (tools/gpu_check.py)
 usage:   python tools/bench.py [--quick] [--device cuda] [--precision bf16] [--out runs/bench.json]
          python tools/bench.py --memory [--out ...]
          python tools/bench.py --eval-cache [--eval-batches 4] [--eval-batch 2] [--out ...]
@@ -21,8 +16,7 @@ import time
 
 
 def process_start():
-    """Unix time at which this process started (Linux: /proc, so the interpreter's own start-up
-    counts), else now."""
+    """Unix time at which this process started (Linux: /proc, so the interpreter's own start-up counts), else now."""
     try:
         with open("/proc/self/stat") as f:
             ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, after boot
@@ -34,9 +28,8 @@ def process_start():
 
 
 STARTED = process_start()          # --gpu-check's --minutes count from here: imports included
-# Before torch starts OpenMP: on a shared CPU, spinning threads wait a whole time slice for a
-# descheduled partner in every parallel region (results/bench_notes.md). Set OMP_WAIT_POLICY=ACTIVE
-# yourself on a dedicated machine.
+# Before torch starts OpenMP: on a shared CPU, spinning threads wait a whole time slice for a descheduled partner in
+# every parallel region (results/bench_notes.md). Set OMP_WAIT_POLICY=ACTIVE yourself on a dedicated machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -66,11 +59,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     flag = p.add_argument
     flag("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    flag("--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
-         help="layers: autocast dtype")
+    flag("--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="layers: autocast dtype")
     flag("--quick", action="store_true", help=f"fewer lengths, shorter timing: {speed.QUICK}")
-    flag("--memory", action="store_true",
-         help="estimate the peak memory of the --preset paper runs instead")
+    flag("--memory", action="store_true", help="estimate the peak memory of the --preset paper runs instead")
     flag("--eval-cache", action="store_true",
          help="an evaluation pass at PathX, SSM kernels per batch vs once per pass, instead")
     flag("--eval-batches", type=at_least(1), default=4, help="--eval-cache: batches in the pass")
@@ -79,84 +70,68 @@ def parse_args(argv=None):
     flag("--minutes", type=in_range(0, math.inf, open_low=True), default=8.0,
          help="--gpu-check: all of it, from the process's start")
     flag("--check-scale", choices=["paper", "tiny"], default=None,
-         help="--gpu-check sizes (default: paper on cuda, tiny on cpu: width 16, one layer, "
-              "a few steps)")
-    flag("--out-dir", default=None,
-         help="--gpu-check: output folder (default: a new temporary folder, printed)")
-    flag("--lengths", type=at_least(1), nargs="+", default=None,
-         help=f"lengths L ({speed.FULL['lengths']})")
-    flag("--batch", type=at_least(1), default=speed.DEFAULTS["batch"],
-         help="B of one layer's forward+backward")
-    flag("--max-tokens", type=at_least(1), default=None,
-         help=f"B ≤ this // L ({speed.FULL['max_tokens']})")
-    flag("--d-model", type=at_least(1), default=speed.DEFAULTS["d_model"],
-         help="H, channels of each layer")
-    flag("--d-state", type=at_least(1), default=speed.DEFAULTS["d_state"],
-         help="N of S4 (nplr and diag)")
+         help="--gpu-check sizes (default: paper on cuda, tiny on cpu: width 16, one layer, a few steps)")
+    flag("--out-dir", default=None, help="--gpu-check: output folder (default: a new temporary folder, printed)")
+    flag("--lengths", type=at_least(1), nargs="+", default=None, help=f"lengths L ({speed.FULL['lengths']})")
+    flag("--batch", type=at_least(1), default=speed.DEFAULTS["batch"], help="B of one layer's forward+backward")
+    flag("--max-tokens", type=at_least(1), default=None, help=f"B ≤ this // L ({speed.FULL['max_tokens']})")
+    flag("--d-model", type=at_least(1), default=speed.DEFAULTS["d_model"], help="H, channels of each layer")
+    flag("--d-state", type=at_least(1), default=speed.DEFAULTS["d_state"], help="N of S4 (nplr and diag)")
     flag("--dlr-state", type=at_least(1), default=speed.DEFAULTS["dlr_state"], help="N of DLR")
     flag("--n-heads", type=at_least(1), default=speed.DEFAULTS["n_heads"],
          help="attention heads of the Transformer layer")
-    flag("--models", nargs="+", choices=speed.LAYERS, default=speed.LAYERS,
-         help="layers to measure")
-    flag("--task", choices=lra_data.TASKS, default="pathfinder",
-         help="task of the training-step measurement")
+    flag("--models", nargs="+", choices=speed.LAYERS, default=speed.LAYERS, help="layers to measure")
+    flag("--task", choices=lra_data.TASKS, default="pathfinder", help="task of the training-step measurement")
     flag("--presets", nargs="*", choices=PRESETS, default=None,
          help=f"training-step presets ({speed.FULL['presets']})")
-    flag("--train-batch", type=at_least(1), default=None,
-         help="B of the training step (preset's ≤ tokens/L)")
+    flag("--train-batch", type=at_least(1), default=None, help="B of the training step (preset's ≤ tokens/L)")
     flag("--kernel-precision", action=argparse.BooleanOptionalAction, default=None,
          help="the kernels at PathX with TF32 allowed and guarded (default: on, off with --quick)")
-    flag("--min-time", type=in_range(0, math.inf), default=None,
-         help=f"seconds of repeats ({speed.FULL['min_time']})")
-    flag("--max-reps", type=at_least(1), default=None,
-         help=f"most timed repeats ({speed.FULL['max_reps']})")
-    flag("--max-step-seconds", type=in_range(0, math.inf), default=60.0,
-         help="skip a row predicted slower than this")
-    flag("--fit-from", type=at_least(1), default=None,
-         help=f"fit over L ≥ this ({speed.FULL['fit_from']})")
-    flag("--out", default="runs/bench.json",
-         help="JSON results; the markdown tables go next to it (.md)")
+    flag("--min-time", type=in_range(0, math.inf), default=None, help=f"seconds of repeats ({speed.FULL['min_time']})")
+    flag("--max-reps", type=at_least(1), default=None, help=f"most timed repeats ({speed.FULL['max_reps']})")
+    flag("--max-step-seconds", type=in_range(0, math.inf), default=60.0, help="skip a row predicted slower than this")
+    flag("--fit-from", type=at_least(1), default=None, help=f"fit over L ≥ this ({speed.FULL['fit_from']})")
+    flag("--out", default="runs/bench.json", help="JSON results; the markdown tables go next to it (.md)")
     p.error = lambda message: fail(f"{message} (python tools/bench.py --help lists the flags)")
     args = p.parse_args(argv)
     for key, value in (speed.QUICK if args.quick else speed.FULL).items():
         setattr(args, key, value if getattr(args, key) is None else getattr(args, key))
     if len(set(args.lengths)) < len(args.lengths):
-        fail(f"--lengths {' '.join(map(str, args.lengths))}: each length once (a repeated length "
-             f"measures nothing new, and the fit of time against L needs distinct lengths)")
+        fail(f"--lengths {' '.join(map(str, args.lengths))}: each length once (a repeated length measures nothing "
+             "new, and the fit of time against L needs distinct lengths)")
     check_args(args)
-    args.check_scale = args.check_scale or (
-        "paper" if device_type(args.device) == "cuda" else "tiny")
-    args.kernel_precision = (not args.quick if args.kernel_precision is None
-                             else args.kernel_precision)
+    args.check_scale = args.check_scale or ("paper" if device_type(args.device) == "cuda" else "tiny")
+    args.kernel_precision = not args.quick if args.kernel_precision is None else args.kernel_precision
     return args
 
 
 def check_args(args):
-    """The device and the output paths, before anything is measured: one line, exit 2."""
+    """The device and the output paths (writable, none of them a file that tools/bench.py did not write), before
+    anything is measured: one line, exit 2."""
     try:
         check_device(args.device)
     except ValueError as e:
         fail(f"--device {args.device}: {e}")
-    outs = ([("--out-dir", args.out_dir, True)] if args.gpu_check
-            else [("--out", args.out, False)])
-    for name, path, is_folder in outs:
-        if path is None:
-            continue
-        path = Path(path)
-        if path.exists() and path.is_dir() != is_folder:
-            fail(f"{name} {path} is a {'file' if is_folder else 'folder'}: pass a "
-                 f"{'folder' if is_folder else 'file name, e.g. runs/bench.json'}")
-        writable_or_fail(name, path if is_folder else path.parent)
-    if not args.gpu_check:                          # the JSON and the markdown: two paths, both ours
-        out = Path(args.out)
-        if out.with_suffix(".md") == out:
-            fail(f"--out {out}: the JSON results go there and the markdown tables next to it "
-                 f"(.md); pass a .json name, e.g. {out.with_suffix('.json')}")
-        for path in (out, out.with_suffix(".md")):
-            if not checked.owned(path):
-                fail(f"--out {args.out}: {path} exists and tools/bench.py did not write it (it is not "
-                     f"in {path.parent / checked.MANIFEST}); it is left untouched: move it away "
-                     f"or pass another --out")
+    flag, path, is_folder = ("--out-dir", args.out_dir, True) if args.gpu_check else ("--out", args.out, False)
+    if path is None:                                # --gpu-check without --out-dir: a new temporary folder
+        return
+    path = Path(path)
+    if path.exists() and path.is_dir() != is_folder:
+        fail(f"{flag} {path} is a {'file' if is_folder else 'folder'}: pass a "
+             f"{'folder' if is_folder else 'file name, e.g. runs/bench.json'}")
+    writable_or_fail(flag, path if is_folder else path.parent)
+    if is_folder:
+        from tools.gpu_check import OUTPUTS
+        mine = [path / name for name in OUTPUTS]
+    elif path.with_suffix(".md") == path:
+        fail(f"--out {path}: the JSON results go there and the markdown tables next to it (.md); pass a .json name, "
+             f"e.g. {path.with_suffix('.json')}")
+    else:
+        mine = [path, path.with_suffix(".md")]      # the JSON and the markdown: two paths, both ours
+    for file in mine:
+        if not checked.owned(file):
+            fail(f"{flag} {path}: {file} exists and tools/bench.py did not write it (it is not in "
+                 f"{file.parent / checked.MANIFEST}); it is left untouched: move it away or pass another {flag}")
 
 
 def writable_or_fail(name, folder):
@@ -174,11 +149,10 @@ def writable_or_fail(name, folder):
 
 def report(res, args):
     m = res["machine"]
-    lines = [f"machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads "
-             f"(OMP_NUM_THREADS={m['omp_num_threads']}, OMP_WAIT_POLICY={m['omp_wait_policy']}), "
-             f"load average {' / '.join(map(str, m['load']))} (1 / 5 / 15 min) at start; "
-             f"torch {m['torch']}; commit {m['commit']}; `{m['command']}`; "
-             f"run time {res['seconds']:.0f} s", ""]
+    lines = [f"machine: {m['cpu']}, {m['cores']} cores, {m['torch_threads']} torch threads (OMP_NUM_THREADS="
+             f"{m['omp_num_threads']}, OMP_WAIT_POLICY={m['omp_wait_policy']}), load average "
+             f"{' / '.join(map(str, m['load']))} (1 / 5 / 15 min) at start; torch {m['torch']}; commit {m['commit']}; "
+             f"`{m['command']}`; run time {res['seconds']:.0f} s", ""]
     return "\n".join(lines + (memory.memory_lines(res) if args.memory
                                else speed.eval_pass_lines(res["eval_pass"]) if args.eval_cache
                                else speed.speed_lines(res, args)))
@@ -209,8 +183,7 @@ def main(argv=None):
     except checked.NotOwned as e:                   # made by someone while we measured
         fail(str(e))
     except OSError as e:
-        fail(f"cannot write {out} ({e.strerror or e}): {checked.write_advice(e)}; the results "
-             f"are printed above")
+        fail(f"cannot write {out} ({e.strerror or e}): {checked.write_advice(e)}; the results are printed above")
     return res
 
 

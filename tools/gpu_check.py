@@ -1,18 +1,15 @@
-"""tools/gpu_check.py: the GPU check that ships with the repo, `python tools/bench.py --device cuda --gpu-check --out-dir D`,
-made to bring its numbers back from one lent window. --minutes (default 8: a 15-minute lease less the machine's
-start) counts from the start of the process, imports included, and the check ends a margin before it. Each part, when it ends, refreshes the three
-files of --out-dir (default: a new temporary folder, never the repo): summary.md (per part: measured / failed with its
-error's line / skipped with why, and the deadline kept), results.json (every part's numbers) and check.tar.gz (the
-parts' JSON and logs and the run folders' logs): three files, no folders, as a lent machine returns them. SIGTERM
-writes what is done and exits. Runs without git (commit "unknown").
-parts, in order:
+"""tools/gpu_check.py: the GPU check that ships with the repo, `python tools/bench.py --device cuda --gpu-check
+--out-dir D`, made to bring its numbers back from one lent window. --minutes (default 8: a 15-minute lease less the
+machine's start) counts from the start of the process, imports included, and the check ends MARGIN_S before it. Each
+part, when it ends, refreshes the three files of --out-dir (default: a new temporary folder, never the repo):
+summary.md (tools/gpu_summary.py), results.json (every part's numbers) and check.tar.gz (the parts' JSON and logs and
+the run folders' logs): three files, no folders, as a lent machine returns them. SIGTERM writes what is done and
+exits. Runs without git (commit "unknown").
+parts, in order (PARTS; each part's docstring and docs/gpu.md say more):
   tf32      (a) torch's TF32 state after each --precision choice and inside the kernel guard (ssm.set_tf32)
-  kernels   (b) S4 NPLR, S4D, DLR kernels against float64, forward and gradient, TF32 allowed and guarded, at
-                L = 1,024, 16,384, 65,536 (the PathX paper layer)
-  main      (c) 20 steps of the main command (--model dlr --task pathx --spt, paper preset, generated images) under
-                torch.cuda.set_sync_debug_mode("error"): step time, peak memory
-  largest   (d) one training step of the three largest paper presets by memory estimate, peak allocated / reserved
-                against the plan's estimate (lab/memory.plan_phase)
+  kernels   (b) the PathX paper layer's S4 NPLR, S4D, DLR kernels against float64, TF32 allowed and guarded
+  main      (c) 20 steps of the main command under torch.cuda.set_sync_debug_mode("error"): step time, peak memory
+  largest   (d) one training step of the three largest paper presets: peak against the plan's estimate
   attention (e) the paper Transformer's attention at PathX's length under SDPA limited to flash / memory-efficient
   compile   (f) --compile: graphs compiled, frames that fell back to eager, graph breaks
   spt_batch (g) the SPT batch the preset really uses in (c), against the preset's
@@ -22,7 +19,6 @@ SIGTERM, no git, the files).
 import argparse
 import contextlib
 import copy
-import dataclasses
 import json
 import multiprocessing
 import os
@@ -40,22 +36,16 @@ import torch
 
 import lra_data
 import ssm
-from lab import steps
+from lab import hardware, memory, presets, steps
+from lab.memory import device_type, memory_mib
 from lra import pathfinder
 from tools import checked, speed
-from lab import hardware, memory
 from tools.gpu_summary import last_lines, logged, summary_lines
-from lab.memory import device_type, memory_mib
-from lab import presets
 
 OUTPUTS = ("summary.md", "results.json", "check.tar.gz")   # all --out-dir gets (a lent machine returns 8 files)
 MARGIN_S = 15                  # the check ends this long before --minutes (writing summary.md takes well under 1 s)
-# images per second per core of the generator (results/generator_speed.txt, measured on a CPU here): how long the
-# images of a part take on this machine's cores is predicted from these before it starts
-IMAGES_PER_CORE_S = {"pathfinder": 265.0, "pathx": 17.0}
-
-
 REPO = Path(__file__).resolve().parents[1]
+TOOL = "tools/bench.py --gpu-check"                       # the writer recorded in --out-dir's manifest
 
 
 class OutOfTime(BaseException):    # BaseException, as KeyboardInterrupt: train.py's `except Exception` never eats it
@@ -86,10 +76,10 @@ SCALES = {
                   largest_size={}, largest_L=None, attention_L=16384, attention_batch=2, compile_backend="inductor",
                   guess_s=dict(tf32=1, kernels=30, main=120, largest=90, attention=20, compile=90, spt_batch=0)),
     "tiny": dict(lengths=[64, 256], kernel_size=dict(d_model=4), main_steps=2, main_extra=["--batch-size", "4"],
-                 size=dict(d_model=16, n_layers=1,
-                 d_state=8), max_eval=2, largest_size=dict(d_model=16, n_layers=1, d_state=8, n_heads=2, d_ff=32),
-                 largest_L=256, attention_L=256, attention_batch=2, compile_backend="aot_eager",
-                 guess_s={k: 0 for k in ("tf32", "kernels", "main", "largest", "attention", "compile", "spt_batch")}),
+                 size=dict(d_model=16, n_layers=1, d_state=8), max_eval=2, largest_L=256, attention_L=256,
+                 largest_size=dict(d_model=16, n_layers=1, d_state=8, n_heads=2, d_ff=32), attention_batch=2,
+                 compile_backend="aot_eager", guess_s=dict(tf32=0, kernels=0, main=0, largest=0, attention=0,
+                                                           compile=0, spt_batch=0)),
 }
 MAIN = ["--model", "dlr", "--task", "pathx", "--spt"]       # the README's main command
 
@@ -102,12 +92,7 @@ class Check:
         self.machine = dict(speed.machine_info(argv, args), cuda=torch.version.cuda,
                             gpu_memory_mib=memory_mib(args.device, "total"))
         self.out = Path(args.out_dir) if args.out_dir else Path(tempfile.mkdtemp(prefix="gpu-check-out-"))
-        self.out.mkdir(parents=True, exist_ok=True)
-        theirs = [n for n in OUTPUTS if not checked.owned(self.out / n)]   # before any part: nothing overwritten
-        if theirs:
-            print(f"bench.py: error: --out-dir {self.out}: {theirs[0]} there was not written by the GPU check (not "
-                  f"in {checked.MANIFEST}); it is left untouched: pass another --out-dir", file=sys.stderr)
-            raise SystemExit(2)
+        self.out.mkdir(parents=True, exist_ok=True)        # its OUTPUTS checked ours before (bench.check_args)
         self.started, self.deadline = started, started + 60 * args.minutes - MARGIN_S
         self.work = Path(tempfile.mkdtemp(prefix="gpu-check-"))       # images, run folders, part files
         self.parts, self.data, self.names, self.margin_s = {}, {}, list(PARTS), MARGIN_S
@@ -123,11 +108,10 @@ class Check:
         happens next, this part is on disk."""
         self.parts[name] = part
         body = dict(machine=self.machine, scale=self.args.check_scale, **part)
-        checked.write_owned(self.work / f"{name}.json", json.dumps(body, indent=1, default=str), "tools/bench.py --gpu-check")
-        checked.write_owned(self.out / "results.json", json.dumps(dict(machine=self.machine, scale=self.args.check_scale,
-                                                                       parts=self.parts), indent=1, default=str),
-                            "tools/bench.py --gpu-check")
-        checked.write_owned(self.out / "summary.md", "\n".join(summary_lines(self)) + "\n", "tools/bench.py --gpu-check")
+        checked.write_owned(self.work / f"{name}.json", json.dumps(body, indent=1, default=str), TOOL)
+        results = dict(machine=self.machine, scale=self.args.check_scale, parts=self.parts)
+        checked.write_owned(self.out / "results.json", json.dumps(results, indent=1, default=str), TOOL)
+        checked.write_owned(self.out / "summary.md", "\n".join(summary_lines(self)) + "\n", TOOL)
 
         def archive(tmp):
             with tarfile.open(tmp, "w:gz") as tar:
@@ -136,7 +120,7 @@ class Check:
                 for f in sorted((self.work / "runs").rglob("*")) if (self.work / "runs").is_dir() else []:
                     if f.is_file() and f.suffix in (".txt", ".jsonl", ".json"):
                         tar.add(f, arcname=str(f.relative_to(self.work)))
-        checked.write_owned(self.out / "check.tar.gz", archive, "tools/bench.py --gpu-check")
+        checked.write_owned(self.out / "check.tar.gz", archive, TOOL)
 
 
 def attempt(check, name, fn, need_s):
@@ -217,26 +201,16 @@ def kernel_errors(kernel, L, grads_of):
 
 
 def kernels_part(check):
-    """(b) The PathX paper layer's kernels (S4 NPLR, S4D, DLR) at each length, forward and gradient, TF32 allowed (the
-    kernels' matmuls follow it: ssm.TF32_IN_KERNELS) and guarded (ssm.Matmul), against float64."""
-    rows, before = [], ssm.TF32_IN_KERNELS
+    """(b) The PathX paper layer's kernels (S4 NPLR, S4D, DLR) at each length, forward and gradient, TF32 allowed and
+    guarded (speed.tf32_allowed), against float64."""
+    rows = []
     for name in speed.KERNELS:
-        kernel = speed.paper_kernel(name, "pathx", check.args.device)
-        if check.scale["kernel_size"]:
-            model, fields = speed.KERNELS[name]
-            cfg = dataclasses.replace(presets.config_for(model, "pathx", presets.values_for(
-                "paper", model, "pathx", False)), **fields, **check.scale["kernel_size"])
-            kernel = type(kernel)(cfg).to(check.args.device)
+        kernel = speed.paper_kernel(name, "pathx", check.args.device, **check.scale["kernel_size"])
         params = lambda k: [p for p in k.parameters() if p.requires_grad]      # noqa: E731
         for L in check.scale["lengths"]:
             for guarded in (False, True):
-                old = ssm.set_matmul_precision("high")                  # TF32 allowed, as --precision tf32
-                ssm.TF32_IN_KERNELS = not guarded
-                try:
+                with speed.tf32_allowed(guarded):
                     fwd, grad = kernel_errors(kernel, L, params)
-                finally:
-                    ssm.TF32_IN_KERNELS = before
-                    ssm.set_matmul_precision(old)
                 rows.append(dict(kernel=name, L=L, guarded=guarded, forward_error=fwd, grad_error=grad))
                 print(f"  {name:8s} L {L:6d} {'guarded' if guarded else 'TF32   '} forward {fwd:.1e} grad {grad:.1e}",
                       flush=True)
@@ -283,13 +257,13 @@ print("RESULT " + json.dumps(dict(results=res, peak=peak), default=str), flush=T
 """
 
 
-def run_main(check, flags, n):
-    """train.main(flags) on generated PathX images in a process of its own (nothing imports train.py) -> (results,
-    config.json, log.jsonl records, peak MiB); its checkpoints deleted. Its one-line error is raised here (SystemExit);
-    a stop (OutOfTime, Ctrl-C) ends the process first."""
+def run_main(check, flags, n, backend=None):
+    """train.main(flags) on generated PathX images in a process of its own (nothing imports train.py), --compile with
+    `backend` (default hardware.COMPILE_BACKEND) -> (results, config.json, log.jsonl records, peak MiB); its checkpoints
+    deleted. Its one-line error is raised here (SystemExit); a stop (OutOfTime, Ctrl-C) ends the process first."""
     make_images(check, "pathx", n)
-    child = subprocess.Popen([sys.executable, "-c", RUN_MAIN, check.args.device, hardware.COMPILE_BACKEND, *flags], cwd=REPO, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", RUN_MAIN, check.args.device, backend or hardware.COMPILE_BACKEND,
+                              *flags], cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         out, err = child.communicate()
     except BaseException:
@@ -311,10 +285,7 @@ def main_part(check):
     """(c) The main command, main_steps SPT and fine-tuning steps, under torch.cuda.set_sync_debug_mode("error"): a
     host-device synchronisation inside a step is an error (the loop reads the device once per PROGRESS_STEPS)."""
     flags, n = main_flags(check, check.scale["main_steps"])
-    sync = contextlib.nullcontext()
-    if check.cuda():
-        sync = sync_debug_mode("error")
-    with sync:
+    with sync_debug_mode("error") if check.cuda() else contextlib.nullcontext():
         res, config, records, peak = run_main(check, flags, n)
     spt = [r for r in records if r.get("phase") == "spt"]
     ft = [r for r in records if r.get("phase") == "finetune"]
@@ -339,7 +310,7 @@ def sync_debug_mode(mode):
 
 def largest_presets(n=3):
     """The n (model, task, phase) of the largest paper-preset steps in results/memory.json (tools/bench.py --memory)."""
-    rows = json.loads((Path(__file__).resolve().parents[1] / "results" / "memory.json").read_text())["memory"]
+    rows = json.loads((REPO / "results" / "memory.json").read_text())["memory"]
     return [(r["model"], r["task"], r["phase"]) for r in sorted(rows, key=lambda r: -r["bf16_gib"])[:n]]
 
 
@@ -348,7 +319,7 @@ def largest_part(check):
     (CPU: the machine's memory) and the padded length: peak allocated and reserved against the plan's estimate."""
     rows, device = [], check.args.device
     precision = training_precision(check)
-    budget = (memory.card_budget(device)[0] if check.cuda() else memory.HEADROOM * memory_mib("cpu", "free") * 2**20)
+    budget = memory.card_budget(device)[0] if check.cuda() else memory.HEADROOM * memory_mib("cpu", "free") * 2**20
     for model_name, task, phase in largest_presets():
         values = {**presets.values_for("paper", model_name, task, phase == "spt"), **check.scale["largest_size"]}
         batch = values["pretrain_batch_size" if phase == "spt" else "batch_size"]
@@ -363,7 +334,7 @@ def largest_part(check):
             torch.cuda.empty_cache()
         memory_mib(device, "now", reset=True)
         t0 = time.time()
-        with memory.autocast("bf16" if precision in ("bf16", "fp16") else "fp32", device_type(device)):
+        with memory.autocast("fp32" if precision == "fp32" else "bf16", device_type(device)):
             loss = forward(model)
         loss.backward()
         opt.step()
@@ -385,14 +356,14 @@ def attention_part(check):
     from torch.nn.attention import SDPBackend, sdpa_kernel
     values = presets.values_for("paper", "transformer", "pathx", False)
     L, B = check.scale["attention_L"], check.scale["attention_batch"]
-    extra = {} if check.scale["attention_L"] >= 16384 else dict(local_min_len=L // 2, block_size=L // 4)
+    extra = {} if L >= 16384 else dict(local_min_len=L // 2, block_size=L // 4)
     build, forward = memory.training_case(memory.Phase("transformer", "pathx", {**values, **extra}, "finetune", L), B)
     torch.manual_seed(0)
     model = build().to(check.args.device)
     precision = training_precision(check)
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
     t0 = time.time()
-    with sdpa_kernel(backends), memory.autocast("bf16" if precision in ("bf16", "fp16") else "fp32",
+    with sdpa_kernel(backends), memory.autocast("fp32" if precision == "fp32" else "bf16",
                                                device_type(check.args.device)):
         loss = forward(model)
     loss.backward()
@@ -405,12 +376,7 @@ def compile_part(check):
     """(f) The main command for main_steps steps with --compile (tiny: the aot_eager backend, paper: inductor): the
     compile records train.py logs (graphs, frames run eagerly, graph breaks) and the fallback verdict."""
     flags, n = main_flags(check, check.scale["main_steps"], ["--compile"])
-    old = hardware.COMPILE_BACKEND
-    hardware.COMPILE_BACKEND = check.scale["compile_backend"]
-    try:
-        res, config, records, peak = run_main(check, flags, n)
-    finally:
-        hardware.COMPILE_BACKEND = old
+    records = run_main(check, flags, n, check.scale["compile_backend"])[2]
     compiled = [r for r in records if r.get("phase") == "compile"]
     fell_back = any(r["frames_eager"] for r in compiled)
     return dict(backend=check.scale["compile_backend"], records=compiled, fell_back=fell_back,

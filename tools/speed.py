@@ -6,11 +6,13 @@ Clocks start and stop after torch.cuda.synchronize() on a CUDA device (the GPU r
 Check: tests/test_bench.py.
 """
 import argparse
+import contextlib
 import copy
+import dataclasses
 import math
 import os
+import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -19,7 +21,7 @@ import models
 import ssm
 from dlr import DLR, DLRConfig, DLRKernel
 from s4 import S4, S4Config, S4Kernel
-from lab.run import git_commit
+from lab.run import git_commit, machine
 from lab.memory import Phase, device_type, memory_mib, simulated_peak, table, training_case
 from transformer import Transformer, TransformerConfig
 from lab import presets
@@ -46,9 +48,7 @@ def settings(quick=True, **given):
 def synchronizer(device):
     """torch.cuda.synchronize for a CUDA device (any index), else nothing: a clock read without it on a GPU measures
     how fast the host queues kernels, not how fast they run."""
-    if device_type(device) == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
+    return (lambda: torch.cuda.synchronize(device)) if device_type(device) == "cuda" else (lambda: None)
 
 
 def timed(fn, args, slow=30.0):
@@ -171,9 +171,8 @@ def fit_exponent(rows, name, fit_from):
     fit = dict(p=None, lengths=[r["L"] for r in rows])
     if len({r["L"] for r in rows}) < FIT_POINTS:             # distinct lengths: a repeated L fits no slope
         return dict(fit, why=f"needs ≥ {FIT_POINTS} lengths ≥ fit_from {fit_from} at one B")
-    pts = [(math.log(r["L"]), math.log(r["seconds"])) for r in rows]
-    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    return dict(fit, p=sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
+    logs = [(math.log(r["L"]), math.log(r["seconds"])) for r in rows]
+    return dict(fit, p=statistics.linear_regression(*zip(*logs)).slope)
 
 
 def train_step(model_name, preset, args):
@@ -210,18 +209,16 @@ def eval_pass(args, task="pathx", batches=4, batch=2, size=None):
         torch.manual_seed(0)
         model = training_case(Phase(model_name, task, values, "finetune", L), batch)[0]().to(args.device).eval()
         xs = [torch.randn(batch, L, model.backbone.cfg.d_input, device=args.device) for _ in range(batches)]
-        sync, out = synchronizer(args.device), {}
+        out = {}
         for cached in (False, True):
             if not cached:                                   # the code before: the kernel in every forward
                 for layer in model.backbone.layers:
                     layer.kernel_of = lambda L, kernel=layer.kernel: kernel(L)     # shadows the method
+            logits = []                                      # (batches·batch, classes)
             with torch.no_grad():
-                model.eval()                                 # a new pass
-                sync()
-                t0 = time.perf_counter()
-                logits = torch.cat([model(x, None) for x in xs])          # (batches·batch, classes)
-                sync()
-                out[cached] = (time.perf_counter() - t0, logits)
+                model.eval()                                 # a new pass, timed once (slow=0)
+                seconds = timed(lambda: logits.append(torch.cat([model(x, None) for x in xs])), args, slow=0)[0]
+            out[cached] = (seconds, logits[0])
             for layer in model.backbone.layers:
                 layer.__dict__.pop("kernel_of", None)
         (before, a), (now, b) = out[False], out[True]
@@ -249,17 +246,16 @@ def eval_pass_lines(rows):
 # ---- the report: machine, tables ------------------------------------------------------------------------------------
 
 def machine_info(argv, args):
-    """What the numbers depend on: the machine, its load (1, 5, 15 min), the threads, torch, the commit."""
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
-    gpu = device_type(args.device) == "cuda"
-    return dict(cpu=torch.cuda.get_device_name(args.device) if gpu else cpu, cores=os.cpu_count(),
-                torch_threads=torch.get_num_threads(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-                omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"), load=[round(x, 2) for x in os.getloadavg()],
-                torch=torch.__version__, commit=git_commit(), command=" ".join(["python tools/bench.py", *argv]))
-
+    """What the numbers depend on: the machine (lab.run.machine), its load (1, 5, 15 min), torch, the commit."""
+    m = machine(args.device)
+    return dict(cpu=m.get("gpu", m["cpu"]), cores=os.cpu_count(), torch_threads=m["torch_threads"],
+                omp_num_threads=m["OMP_NUM_THREADS"], omp_wait_policy=os.environ.get("OMP_WAIT_POLICY"),
+                load=[round(x, 2) for x in os.getloadavg()], torch=torch.__version__, commit=git_commit(),
+                command=" ".join(["python tools/bench.py", *argv]))
 
 
 def speed_lines(res, args):
+    """The markdown of `python tools/bench.py` (speed): the layers, the exponents, the kernels, the training steps."""
     peak = ("CUDA's max allocated (reserved: the caching allocator's max, cuFFT workspaces and fragmentation too)"
             if device_type(args.device) == "cuda" else "the resident set's peak (VmHWM) in the row, after "
             "malloc_trim: also malloc's fragmentation and library buffers (results/bench_notes.md)")
@@ -282,7 +278,11 @@ def speed_lines(res, args):
                    if f["p"] is None else f"{f['p']:.2f}"] for name, f in res["exponents"].items()])
     if res.get("kernels"):
         lines += ["", "kernel precision: the process allows TF32; the kernels' matmuls follow it (before the guard) "
-                  "or are exact float32 (ssm.Matmul); on a CPU both are float32", "", *kernel_lines(res["kernels"])]
+                  "or are exact float32 (ssm.Matmul); on a CPU both are float32", ""]
+        lines += table(["kernel", "task", "L", "matmuls", "fwd+bwd ms", "max rel. error vs float64", "channels > 1e-3",
+                        "> 1e-2"], [[r["kernel"], r["task"], r["L"], "exact fp32 (guard)" if r["guarded"] else
+                                     "TF32 allowed", f"{1e3 * r['fwd_bwd_seconds']:.1f}", f"{r['max_error']:.1e}",
+                                     f"{r['over_1e_3']}/{r['channels']}", r["over_1e_2"]] for r in res["kernels"]])
     if res["train"]:
         lines += ["", f"whole training step (forward, loss, backward, AdamW) on {args.task}:", ""]
         lines += table(["model", "preset", "B", "L", "ms / step", "tokens/s", "load"],
@@ -294,52 +294,50 @@ def speed_lines(res, args):
 KERNELS = {"s4-nplr": ("s4", dict(mode="nplr")), "s4-diag": ("s4", dict(mode="diag")), "dlr": ("dlr", {})}
 
 
-def paper_kernel(name, task, device):
-    """One layer's SSM kernel of --preset paper on `task` (S4D: S4's with mode="diag"), float32, on device."""
+def paper_kernel(name, task, device, **size):
+    """One layer's SSM kernel of --preset paper on `task` (S4D: S4's with mode="diag"), float32, on device; size:
+    config fields to override (the GPU check's tiny scale)."""
     model, fields = KERNELS[name]
     cfg = presets.config_for(model, task, presets.values_for("paper", model, task, False))
     torch.manual_seed(0)
     Kernel = S4Kernel if model == "s4" else DLRKernel
-    return Kernel(type(cfg)(**{**cfg.__dict__, **fields})).to(device)
+    return Kernel(dataclasses.replace(cfg, **fields, **size)).to(device)
+
+
+@contextlib.contextmanager
+def tf32_allowed(guarded):
+    """The process allows TF32 (as --precision tf32) inside the block; the kernels' matmuls follow it
+    (ssm.TF32_IN_KERNELS, the code before the guard) unless `guarded` (ssm.Matmul: TF32 off inside). Both restored."""
+    old, before = ssm.set_matmul_precision("high"), ssm.TF32_IN_KERNELS
+    ssm.TF32_IN_KERNELS = not guarded
+    try:
+        yield
+    finally:
+        ssm.TF32_IN_KERNELS = before
+        ssm.set_matmul_precision(old)
 
 
 def kernel_precision(args, task="pathx"):
     """What exact float32 matmuls cost and what TF32 would do, per kernel at the paper's `task` configuration
     (PathX: H = 256, N = 64 / DLR 1,024, L = 16,384): the kernel's forward+backward time and its per-channel relative
-    L2 error against float64, with the process allowing TF32 and the kernels' matmuls following it
-    (ssm.TF32_IN_KERNELS, the code before the guard) and with the guard (ssm.Matmul, TF32 off inside). On a CPU
-    there is no TF32: both rows are float32."""
+    L2 error against float64, TF32 allowed and guarded (tf32_allowed). On a CPU there is no TF32: both are float32."""
     L, rows = lra_data.TASKS[task].max_len, []
-    before = ssm.TF32_IN_KERNELS
     for name in KERNELS:
         kernel = paper_kernel(name, task, args.device)
         with torch.no_grad():
             exact = copy.deepcopy(kernel).double()(L).reshape(-1, L)              # (channels, L) float64
         for guarded in (False, True):
-            old = ssm.set_matmul_precision("high")                  # TF32 allowed, readable
-            try:
-                ssm.TF32_IN_KERNELS = not guarded
+            with tf32_allowed(guarded):
                 with torch.no_grad():
                     K = kernel(L).reshape(-1, L).double()
                 err = ((K - exact).norm(dim=-1) / exact.norm(dim=-1)).cpu()             # (channels,)
                 seconds = timed(lambda: kernel(L).square().sum().backward(), args)[0]
-            finally:
-                ssm.TF32_IN_KERNELS = before
-                ssm.set_matmul_precision(old)
             rows.append(dict(kernel=name, task=task, L=L, channels=len(err), tf32_allowed=True, guarded=guarded,
                              fwd_bwd_seconds=seconds, max_error=float(err.max()),
                              over_1e_3=int((err > 1e-3).sum()), over_1e_2=int((err > 1e-2).sum())))
             print(f"  kernel {name:8s} {'guarded' if guarded else 'TF32   '}  max error {err.max():.1e}, "
                   f"{rows[-1]['over_1e_3']}/{len(err)} channels > 1e-3, fwd+bwd {1e3 * seconds:.1f} ms", flush=True)
     return rows
-
-
-def kernel_lines(rows):
-    """The markdown table of kernel_precision."""
-    return table(["kernel", "task", "L", "matmuls", "fwd+bwd ms", "max rel. error vs float64", "channels > 1e-3",
-                  "> 1e-2"], [[r["kernel"], r["task"], r["L"], "exact fp32 (guard)" if r["guarded"] else
-                               "TF32 allowed", f"{1e3 * r['fwd_bwd_seconds']:.1f}", f"{r['max_error']:.1e}",
-                               f"{r['over_1e_3']}/{r['channels']}", r["over_1e_2"]] for r in rows])
 
 
 def speed(args):
