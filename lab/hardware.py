@@ -1,7 +1,6 @@
-"""lab/hardware.py: where a run computes, settled once before anything runs: --device (checked
-against what PyTorch sees), --deterministic, --workers, torchrun's process group (DDP), and
---compile (bounded graphs, counted, no silent fallback to eager). What a step does on the device
-(precision, DDP rows, the guard) is lab/steps.py's.
+"""lab/hardware.py: where a run computes, settled once before anything runs: --device (checked against what PyTorch
+sees), --deterministic, --precision, --workers, torchrun's process group (DDP), and --compile (bounded graphs,
+counted, no silent fallback to eager). What a step does on the device (DDP rows, the guard) is lab/steps.py's.
 Check: tests/test_robustness.py (devices, DDP start-up, compile bounds), tools/gpu_check.py.
 """
 import contextlib
@@ -24,29 +23,20 @@ from ssm import set_tf32
 
 # ---- --device, --deterministic, --workers, DDP -------------------------------------------------
 
-def deterministic(on):
-    """--deterministic: torch's deterministic algorithms (an op without a deterministic kernel stops
-    the run with torch's error naming it) and cuBLAS's fixed workspace (CUBLAS_WORKSPACE_CONFIG
-    ":4096:8", which cuBLAS reads when CUDA starts: so this runs before any CUDA call); cuDNN's
-    autotuner off. Costs speed on a GPU (docs/gpu.md); a CPU run is deterministic anyway. What is
-    in force goes into config.json (runs.run_meta)."""
-    if on:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-
-
 def setup_device(args):
     """-> (device, world size): checks --device and that --out can be written (making --out itself); settles
     --deterministic (before any CUDA call), --precision (printed, in config.json) and --workers. The DDP
     environment is checked first (check_ddp_environment, at the run's opening)."""
-    deterministic(getattr(args, "deterministic", False))
+    if args.deterministic:      # before any CUDA call: cuBLAS reads its workspace setting when CUDA starts
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)    # an op without a deterministic kernel: torch's error names it
+        torch.backends.cudnn.benchmark = False      # cuDNN's autotuner off
     try:
         device = check_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except ValueError as e:
         fail(f"--device {args.device}: {e}")
     world = ddp_world(os.environ)                   # checked at the run's opening
-    if getattr(args, "compile", False) and COMPILE_BACKEND == "inductor" and not c_compiler():
+    if args.compile and COMPILE_BACKEND == "inductor" and not c_compiler():
         fail("--compile needs a C/C++ compiler (torch.compile's inductor builds its kernels with one) and none is "
              "on PATH (CXX, c++, g++, clang++): install one (apt-get install g++) or run without --compile")
     args.device = str(device)                       # resolved once, printed, in config.json
@@ -126,8 +116,6 @@ def join_process_group(device, world):
     the device. The rendezvous waits RENDEZVOUS_S for every process, then each stops in one line (status 2); a
     SIGTERM while it waits ends the process at once (its default action: no run folder exists yet, and
     the wait in C++ would not hear Python's handler)."""
-    if world == 1:
-        return device
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
@@ -150,13 +138,12 @@ def join_process_group(device, world):
 
 
 def precision(args, device):
-    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler
-    or None). Default: bf16 autocast on CUDA with compute capability ≥ 8, fp16 autocast with a
-    gradient scaler on older GPUs (V100, T4), fp32 on CPU. TF32 is set explicitly for every choice:
-    on for "tf32" only. Under bf16 / fp16 autocast the only float32 matmuls left are the SSM
-    kernels', which must not use TF32 (ssm.Matmul guards them anyway), so TF32 there would buy
-    nothing. The SSM kernels and FFT convolutions run in fp32 inside autocast (ssm.py). --amp is the
-    old name of --precision bf16."""
+    """The one place that decides numeric precision -> (name, autocast context factory, GradScaler or None). Default:
+    bf16 autocast on CUDA with compute capability ≥ 8, fp16 autocast with a gradient scaler on older GPUs (V100, T4),
+    fp32 on CPU. TF32 is set explicitly for every choice: on for "tf32" only. Under bf16 / fp16 autocast the only
+    float32 matmuls left are the SSM kernels', which must not use TF32 (ssm.Matmul guards them anyway), so TF32 there
+    would buy nothing. The SSM kernels and FFT convolutions run in fp32 inside autocast (ssm.py). --amp is the old
+    name of --precision bf16."""
     name = args.precision or ("bf16" if args.amp else None)
     if name is None:
         name = "fp32" if device.type != "cuda" else (
@@ -191,16 +178,14 @@ def c_compiler():
 
 
 def compiled(forward, args):
-    """torch.compile(forward) for a run of args.task: static shapes (dynamic=False), so each
-    function compiles one graph per padded length and mode (train with autograd, eval under
-    no_grad): automatic dynamic shapes would not save that here, since the FFT size
-    (ssm.fft_length) branches on L and guards each length anyway. torch's recompile limit is
-    raised to that bound for two phases (SPT's model and the classifier run the same functions)
-    and hitting it is an error (fail_on_recompile_limit_hit), not a silent fallback to eager.
-    The graph breaks that remain: one per SSM layer at SSMLayer.kernel_of (the kernel is
-    complex-valued and its loops depend on L: torch.compiler.disable keeps it eager, the fork
-    recipe's kernel contract), and the classifier's frame at the SSM backbone, whose own frame
-    runs its layer loop eagerly (ssm.SSMBackbone.forward); compile_summary counts them."""
+    """torch.compile(forward) for a run of args.task: static shapes (dynamic=False), so each function compiles one
+    graph per padded length and mode (train with autograd, eval under no_grad): automatic dynamic shapes would not
+    save that here, since the FFT size (ssm.fft_length) branches on L and guards each length anyway. torch's recompile
+    limit is raised to that bound for two phases (SPT's model and the classifier run the same functions) and hitting
+    it is an error (fail_on_recompile_limit_hit), not a silent fallback to eager. The graph breaks that remain: one
+    per SSM layer at SSMLayer.kernel_of (the kernel is complex-valued and its loops depend on L:
+    torch.compiler.disable keeps it eager, the fork recipe's kernel contract), and the classifier's frame at the SSM
+    backbone, whose own frame runs its layer loop eagerly (ssm.SSMBackbone.forward); compile_summary counts them."""
     import torch._dynamo
     bound = 2 * 2 * len(padded_lengths(args.task, args.max_len))  # modes × phases × lengths
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, bound)
@@ -211,9 +196,8 @@ def compiled(forward, args):
 
 
 def compile_summary(phase):
-    """-> (line for log.txt, record for log.jsonl) after `phase`: torch._dynamo's counters for this
-    process so far: graphs compiled, frames dynamo ran eagerly, graph breaks by reason (the first
-    line of each)."""
+    """-> (line for log.txt, record for log.jsonl) after `phase`: torch._dynamo's counters for this process so far:
+    graphs compiled, frames dynamo ran eagerly, graph breaks by reason (the first line of each)."""
     from torch._dynamo.utils import counters
     graphs, frames = counters["stats"]["unique_graphs"], counters["frames"]
     breaks = {}

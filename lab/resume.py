@@ -12,7 +12,6 @@ import torch
 
 from lab.runs import append_line, cannot_write, fail, hold_lock, rank, read_config, release_lock
 from tools import checked
-from tools.checked import read_checkpoint
 
 
 def catch_up_log(folder, ck):
@@ -29,7 +28,7 @@ def catch_up_log(folder, ck):
 
 # settings a resumed run may take from the new command line (the data paths: if the data is the same)
 RESUME_MAY_CHANGE = {"resume", "device", "workers", "data_dir", "cache_dir"}
-PATH_FLAGS = {"data_dir", "cache_dir", "out", "init_from"}
+PATH_FLAGS = {"data_dir", "cache_dir", "out", "init_from"}   # lab/run.absolute_paths makes them absolute
 
 
 def resume_settings(args, given, defaults):
@@ -77,20 +76,18 @@ def resume_checks(args, given, defaults, folder, finished):
         fail(f"--resume {folder}: no last.pt in that folder (a run writes it at its first "
              f"evaluation): nothing to continue; start the run again")
     try:
-        ck = read_checkpoint(folder / "last.pt")
+        ck = checked.read_checkpoint(folder / "last.pt")
     except ValueError as e:
         usable = []
         for name in ("best.pt", "spt.pt"):
             with contextlib.suppress(ValueError, FileNotFoundError):
-                other = read_checkpoint(folder / name)
+                other = checked.read_checkpoint(folder / name)
                 usable.append(f"{name} ({other['phase']} epoch {other['epoch']})")
-        hint = (f"still readable: {', '.join(usable)}" if usable
-                else "no other readable checkpoint there")
+        hint = f"still readable: {', '.join(usable)}" if usable else "no other readable checkpoint there"
         fail(f"--resume: {e}; {hint}; start again"
              f"{seed_it.replace(', e.g.', ' (an spt.pt can seed a new run:')}"
              f"{')' if seed_it else ''}")
-    missing = [k for k in ("optimizer", "scheduler", "rng", "args", "phase", "epoch", "step",
-                           "best") if k not in ck]
+    missing = [k for k in ("optimizer", "scheduler", "rng", "args", "phase", "epoch", "step", "best") if k not in ck]
     if missing:
         fail(f"--resume {folder}: its last.pt (commit {config.get('git', 'unknown')} in "
              f"config.json) lacks {', '.join(missing)}, which this code needs to continue it; "
@@ -117,16 +114,14 @@ def check_resumable(folder, config, ck, seed_it):
     the checkpoint the rest of the run reads, spt.pt (SPT's best: fine-tuning starts from it) or
     best.pt (fine-tuning's best: the test reads it), is this run's. Else one line, status 2."""
     plain = lambda c: [c.get("phase"), c.get("epoch"), json.loads(json.dumps(c["config"]))]  # noqa
-    if [ck["model_name"], ck["task"], plain(ck)[2]] != [config.get(k) for k in ("model_name",
-                                                                                "task", "config")]:
+    if [ck["model_name"], ck["task"], plain(ck)[2]] != [config.get(k) for k in ("model_name", "task", "config")]:
         fail(f"--resume {folder}: its last.pt ({ck['model_name']} on {ck['task']}) is not of the "
              f"run config.json describes ({config.get('model_name')} on {config.get('task')}, "
              f"its sizes): the folder mixes two runs; start a new run")
     name, best = "spt.pt" if ck["phase"] == "spt" else "best.pt", None
     with contextlib.suppress(ValueError):
-        best = read_checkpoint(folder / name)
-    if ck["best"]["epoch"] and (not best or plain(best) != [ck["phase"], ck["best"]["epoch"],
-                                                            plain(ck)[2]]):
+        best = checked.read_checkpoint(folder / name)
+    if ck["best"]["epoch"] and (not best or plain(best) != [ck["phase"], ck["best"]["epoch"], plain(ck)[2]]):
         what = f"of {best.get('phase')} epoch {best.get('epoch')}" if best else \
             "damaged" if (folder / name).exists() else "missing"
         fail(f"--resume {folder}: {name} ({ck['phase']} epoch {ck['best']['epoch']}'s best, which "

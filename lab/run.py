@@ -15,7 +15,6 @@ import dataclasses
 import gc
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,11 +26,9 @@ import torch
 import torch.distributed as dist
 
 import lra_data
-import models
 from lab import curves, hardware, loggers, memory, presets, resume, runs, steps
 from lab.runs import append_line, fail, rank
 from tools import checked
-from tools.checked import read_checkpoint
 
 
 @dataclasses.dataclass
@@ -44,11 +41,9 @@ class Data:
 
 
 class Run:
-    """A training run: train.py opens it (Run(...)), prepares the data and builds the model in its stages
-    (stage), begins its folder (begin), trains each phase with the state phase() gives, records evaluations and
-    lines (record) and finishes (finish). Attributes: args (every setting, presets applied), device, world (DDP
-    processes), meta (the model's description: model_name, task, config, head, args), folder (None before begin),
-    resume (a --resume's last.pt, else None)."""
+    """A training run; train.py calls its methods in the order the file's header lists them. Attributes: args
+    (every setting, presets applied), device, world (DDP processes), meta (the model's description: model_name, task,
+    config, head, args), folder (None before begin), resume (a --resume's last.pt, else None)."""
 
     def __init__(self, argv, args, given, defaults):
         """Open the run, or reopen a --resume's: settings, checks and device, before anything is written; a bad
@@ -138,9 +133,8 @@ class Run:
         return t
 
     def record(self, line, entry=None, checkpoint=None, best_file=None):
-        """Record a line: printed, in log.txt, and `entry` (a dict) in log.jsonl and --log-to. With an
-        evaluation's `checkpoint` (last.pt's dict): its best_file first when it improved (None: it did not),
-        then last.pt, then the line, which last.pt carries; a stop waits for all three (save_evaluation)."""
+        """Record a line: printed, in log.txt, and `entry` (a dict) in log.jsonl and --log-to; with an evaluation's
+        `checkpoint` (last.pt's dict) and best_file (None: it did not improve), through save_evaluation."""
         if checkpoint is None:
             runs.log(self.folder, line, entry)
         else:
@@ -156,7 +150,11 @@ class Run:
                        machine=machine(self.device), run_dir=str(self.folder))
         seconds = {"data": data.seconds, **results["wall_time_s"]}
         results["wall_time_s"] = {**seconds, "total": sum(seconds.values())}   # all the phases
-        steps.write_results(self.folder, results)
+        if rank() == 0:
+            runs.write_whole(self.folder / "results.json", lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
+        phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
+        runs.log(self.folder, f"done in {results['wall_time_s']['total'] / 60:.1f} min ({phases}): {self.folder}",
+                 {"phase": "done", "wall_time_s": results["wall_time_s"]})
         if not args.no_curves and rank() == 0:
             curves.after_run(self.folder, partial(runs.log, self.folder))            # curves.png
         return results
@@ -181,27 +179,23 @@ def startup_lines(args, plan, notes, data, classifier, meta):
             "settings: " + " ".join(f"{k}={v}" for k, v in settings.items()),
             f"data: {data.source} | {sizes} | {data.seconds:.1f} s",
             *(f"data note: {n}" for n in data.notes),
-            f"model {meta['model_name']}"
-            f"({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
-            f"params: backbone {n_backbone:,} + classifier head {n_head:,} = "
-            f"{n_backbone + n_head:,}"]
+            f"model {meta['model_name']}({', '.join(f'{k}={v}' for k, v in meta['config'].items())})",
+            f"params: backbone {n_backbone:,} + classifier head {n_head:,} = {n_backbone + n_head:,}"]
 
 
 def run_meta(meta, args, argv, data, device):
     """config.json: the model's description, all settings, and what else the numbers depend on."""
-    return dict(meta, preset=args.preset, device=str(device), torch=torch.__version__,
-                git=git_commit(), data_source=data.source, data_notes=data.notes,
-                data_fingerprint=data.fingerprint,
+    return dict(meta, preset=args.preset, device=str(device), torch=torch.__version__, git=git_commit(),
+                data_source=data.source, data_notes=data.notes, data_fingerprint=data.fingerprint,
                 machine=machine(device), command=sys.argv if argv is None else ["train.py", *argv],
                 deterministic={"algorithms": torch.are_deterministic_algorithms_enabled(),
                                "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG")})
 
 
 def save_evaluation(folder, best_file, state):
-    """After an evaluation (rank 0): the best checkpoint when it improved (best_file, else None),
-    then last.pt, so that a resume never misses a best, then the evaluation's log line and record,
-    state["log"], which last.pt carries. A Ctrl-C or SIGTERM waits for all three (held_stops); a
-    crash between last.pt and the log loses nothing (catch_up_log)."""
+    """After an evaluation (rank 0): best_file when it improved (else None), then last.pt, so that a resume never
+    misses a best, then the log line and record state["log"], which last.pt carries. A Ctrl-C or SIGTERM waits for all
+    three (held_stops); a crash between last.pt and the log loses nothing (catch_up_log)."""
     if rank() > 0:
         return
     with stopping_at(f"{state['phase']} epoch {state['epoch']}, writing checkpoints and log"), \
@@ -214,26 +208,22 @@ def save_evaluation(folder, best_file, state):
 
 def absolute_paths(args):
     """Every run path made absolute, so config.json and last.pt name the same files from any cwd."""
-    for key in ("data_dir", "cache_dir", "out", "init_from"):
+    for key in resume.PATH_FLAGS:
         if getattr(args, key):
             setattr(args, key, str(Path(getattr(args, key)).resolve()))
 
 
 def check_init_checkpoint(ck, model_name, task, config):
-    """ValueError (one line) unless checkpoint dict ck has a backbone this run (model_name on task,
-    backbone config dict `config`) can fine-tune: same model, task and every config field that
-    shapes the weights."""
+    """ValueError (one line) unless checkpoint dict ck has a backbone this run (model_name on task, backbone config
+    dict `config`) can fine-tune: same model, task and every config field that shapes the weights."""
     if (ck["model_name"], ck["task"]) != (model_name, task):
         raise ValueError(f"a {ck['model_name']} checkpoint for {ck['task']}, but this run is "
                          f"{model_name} on {task}; pass the --model and --task it was made with")
-    # may differ: not in the weights
-    init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}
+    init_only = {"dropout", "ssm_lr", "dt_min", "dt_max", "diag_init"}    # may differ: not in the weights
     differ = [k for k in config if k not in init_only and ck["config"].get(k) != config[k]]
     if differ:
-        theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ)
-                        for c in (ck["config"], config))
-        raise ValueError(f"its {theirs} differ from this run's {ours}; pass the model flags it was "
-                         f"made with")
+        theirs, ours = (", ".join(f"{k}={c.get(k)}" for k in differ) for c in (ck["config"], config))
+        raise ValueError(f"its {theirs} differ from this run's {ours}; pass the model flags it was made with")
 
 
 def no_card_plan(args, world):
@@ -256,9 +246,8 @@ STOP = {"cause": "Ctrl-C", "held": 0, "pending": False}
 
 
 def stop_on_sigterm():
-    """SIGTERM (a scheduler's time limit, `kill`) raises KeyboardInterrupt, so it stops a run as
-    Ctrl-C does, and both wait while `held_stops` holds them; each signal left alone when the caller
-    (the GPU check) has a handler of its own."""
+    """SIGTERM (a scheduler's time limit, `kill`) raises KeyboardInterrupt, so it stops a run as Ctrl-C does, and both
+    wait while `held_stops` holds them; a signal the caller (the GPU check) handles itself is left alone."""
     def stop(signum, frame):
         STOP["cause"] = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
         if STOP["held"]:                            # inside held_stops: it raises at the block's end
@@ -282,8 +271,7 @@ def held_stops():
     finally:                                        # also when the block raises: no stop stays pending
         STOP["held"] -= 1
         fire = not STOP["held"] and STOP["pending"]
-        if not STOP["held"]:
-            STOP["pending"] = False
+        STOP["pending"] &= STOP["held"] > 0         # the outermost block's end clears it
     if fire:
         raise KeyboardInterrupt
 
@@ -314,11 +302,10 @@ def stopped_in(folder=None):
     except KeyboardInterrupt as e:
         where = e.args[0] if e.args else "the run"
         if folder is None:
-            print(f"train.py: stopped by {STOP['cause']} at {where}; no run folder was made; "
-                  f"a half-built cache was removed, data being generated is kept half made: "
-                  f"the same command completes it", file=sys.stderr)
+            print(f"train.py: stopped by {STOP['cause']} at {where}; no run folder was made; a half-built cache was "
+                  f"removed, data being generated is kept half made: the same command completes it", file=sys.stderr)
             raise SystemExit(stop_status()) from None
-        last = read_checkpoint(folder / "last.pt") if (folder / "last.pt").is_file() else None
+        last = checked.read_checkpoint(folder / "last.pt") if (folder / "last.pt").is_file() else None
         saved = f"last.pt holds {last['phase']} epoch {last['epoch']}" if last else "no checkpoint yet"
         then = (f"continue with: python train.py --resume {folder}" if last else
                 f"start the run again ({folder} holds no checkpoint: delete it)")
@@ -351,10 +338,8 @@ def machine(device):
     cpu = "unknown"
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name")), cpu)
-    out = dict(cpu=cpu, torch_threads=torch.get_num_threads(),
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"))
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    out = dict(cpu=cpu, torch_threads=torch.get_num_threads(), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS"))
     if torch.device(device).type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
     return out

@@ -1,7 +1,6 @@
 """lab/runs.py: the plumbing under a run (lab/run.Run) and the tools: one-line failures, files written whole or
 not at all (temp file + rename; a failed write (full disk, quota, read-only) stops the run: one line, exit 2), the
-log's lines, stops (Ctrl-C and SIGTERM end in one line: where, the --resume command; one that arrives while an
-evaluation writes its files waits until they are written), folder locks, checkpoints.
+log's lines, folder locks, checkpoints, the run folder (the stops are lab/run.py's).
 Check: tests/test_robustness.py, test_faults.py (exact resume, locks, damaged checkpoints, full disks).
 """
 import contextlib
@@ -46,15 +45,13 @@ def cannot_write(path, error):
     """The one line for a write that failed: the path, why, the space left there, what to do."""
     with contextlib.suppress(SystemExit):
         fail(f"cannot write {path} ({error.strerror or error}; {checked.free_space(path)}): "
-             f"{checked.write_advice(error)} or pass another --out / --cache-dir; the files "
-             f"written before are intact")
+             f"{checked.write_advice(error)} or pass another --out / --cache-dir; the files written before are intact")
     raise WriteFailed(2)
 
 
 def write_whole(path, write):
-    """write(tmp) fills a temporary file next to `path`, then it replaces path: a kill or a full
-    disk mid-write leaves the old file intact and no temporary behind. OSError (no space, quota,
-    read-only) -> cannot_write."""
+    """write(tmp) fills a temporary file next to `path`, then it replaces path: a kill or a full disk mid-write leaves
+    the old file intact and no temporary behind. OSError (no space, quota, read-only) -> cannot_write."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         write(tmp)
@@ -148,7 +145,6 @@ def run_folder(args, meta, lines, lock=None):
     with config.json (DDP: rank 0 names and makes it, all use it), or the --resume folder, whose
     `lock` resume_settings took. Rank 0 holds its lock for the whole block, so a second train.py on
     one folder stops in one line before any write; then log.txt gets `lines`. Yields it."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
     if args.resume:
         folder = Path(args.resume)
         saved = read_config(folder)
@@ -158,12 +154,10 @@ def run_folder(args, meta, lines, lock=None):
             release_lock(lock)
             fail(f"--resume {folder}: the data at {args.data_dir} cannot be shown to be the data "
                  f"this run trained on ({why}); pass the --data-dir that holds that data")
-        lines = [f"data: the run's own data (sizes, labels, examples compared), now at "
-                 f"{args.data_dir}"] * moved + lines
+        lines = [f"data: the run's own data (sizes, labels, examples compared), now at {args.data_dir}"] * moved + lines
     else:
         kind = "spt" if args.spt else ("init" if args.init_from else "tfs")
-        stem = Path(args.out) / (f"{args.task}-{args.model}-{kind}-s{args.seed}-"
-                                 f"{time.strftime('%Y%m%d-%H%M%S')}")
+        stem = Path(args.out) / f"{args.task}-{args.model}-{kind}-s{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
         folder, suffix = stem, 1
         while rank() == 0:                          # mkdir claims the name: exists() then mkdir races
             if suffix > 1000:
@@ -176,12 +170,11 @@ def run_folder(args, meta, lines, lock=None):
             except OSError as e:                    # read-only file system, no permission, ...
                 fail(f"--out {args.out}: cannot create the run folder there ({e.strerror}); "
                      f"pass a writable folder")
-        if world > 1:                               # the processes' clocks may be a second apart
+        if dist.is_initialized():                   # the processes' clocks may be a second apart
             shared = [folder]
             dist.broadcast_object_list(shared, src=0)
             folder = shared[0]
-    if rank() == 0 and not args.resume:
-        lock = hold_lock(folder)
+        lock = hold_lock(folder)                    # rank 0's (None on the others)
     try:
         if rank() == 0 and not args.resume:
             write_whole(folder / "config.json", lambda tmp: tmp.write_text(json.dumps(meta, indent=2)))

@@ -1,20 +1,16 @@
-"""lab/steps.py: how the training step train.py writes out (train_phase: batch -> corruption -> forward
--> loss -> backward -> guarded optimiser step) runs on the hardware: Training, a phase's state. Besides
-train.py a step reads only this file, denoise.py (the corruption and the loss) and the model's forward.
-batch:      the loader's collate (lra_data.clean_batch) makes the clean batch on the host (pads, pixels
-            normalised, the grey-level targets); Training.batches moves it to the device once (to_device)
-precision:  --precision decided once: bf16 / fp16 autocast (+ gradient scaler), tf32, fp32; TF32 set
-            explicitly
-DDP:        every process reads the whole global batch and keeps its rows (uneven shards allowed:
-            the loss divides by the global count), sums of metrics are added over processes;
-            micro-batches split a step's rows
-guard:      a non-finite update is skipped on the device (fused AdamW's found_inf) and stops the run
-            by name within PROGRESS_STEPS steps; nothing per step reads a device value back to the
-            host
-loaders:    a seeded order per epoch (its state in last.pt), pinned memory and persistent workers on
-            CUDA
-Check: tests/test_robustness.py (2 and 3 processes equal 1, accumulation equals one batch, no host
-reads per step), tests/test_fork.py (the files one step reads, traced).
+"""lab/steps.py: how the training step train.py writes out (train_phase: batch -> corruption -> forward -> loss ->
+backward -> guarded optimiser step) runs on the hardware: Training, a phase's state. Besides train.py a step reads
+only this file, denoise.py (the corruption and the loss) and the model's forward.
+batch:      the loader's collate (lra_data.clean_batch) makes the clean batch on the host (pads, pixels normalised,
+            the grey-level targets); Training.batches moves it to the device once (to_device)
+precision:  lab/hardware.precision's, decided once: bf16 / fp16 autocast (+ gradient scaler), tf32, fp32
+DDP:        every process reads the whole global batch and keeps its rows (uneven shards allowed: the loss divides
+            by the global count), sums of metrics are added over processes; micro-batches split a step's rows
+guard:      a non-finite update is skipped on the device (fused AdamW's found_inf) and stops the run by name within
+            PROGRESS_STEPS steps; nothing per step reads a device value back to the host
+loaders:    a seeded order per epoch (its state in last.pt), pinned memory and persistent workers on CUDA
+Check: tests/test_robustness.py (2 and 3 processes equal 1, accumulation equals one batch, no host reads per step),
+tests/test_fork.py (the files one step reads, traced).
 """
 import contextlib
 import hashlib
@@ -64,8 +60,7 @@ def evaluate(model, phase, loader, seed, amp, predictions=None):
 # ---- the batch: the loader's collate, then the device ------------------------------------------
 
 def to_device(clean, device):
-    """A collated denoise.Clean on `device`, each tensor moved once (non-blocking from pinned
-    memory on CUDA; a no-op on the CPU)."""
+    """A collated denoise.Clean on `device` (non-blocking from pinned memory on CUDA; a no-op on the CPU)."""
     move = lambda t: t.to(device, non_blocking=True)                # noqa: E731
     lengths = move(clean.lengths)
     return clean._replace(value=move(clean.value), target=move(clean.target), lengths=lengths,
@@ -81,11 +76,10 @@ def rank_and_world():
 
 
 def shard(n):
-    """(rows, keep): this process's contiguous share of a global batch of n examples (DDP; one
-    process: all of it), some processes one row more when n does not split evenly (the loss divides
-    by the global count, so the gradient stays the global-batch mean). Every process reads the
-    whole global batch, so batches and SPT masks are those of a 1-process run. A process left
-    without rows computes row 0 with keep=False, to join the all-reduce."""
+    """(rows, keep): this process's contiguous share of a global batch of n examples (DDP; one process: all of it),
+    some processes one row more when n does not split evenly (the loss divides by the global count, so the gradient
+    stays the global-batch mean). Every process reads the whole global batch, so batches and SPT masks are a 1-process
+    run's. A process left without rows computes row 0 with keep=False, to join the all-reduce."""
     rank, world = rank_and_world()
     start = rank * (n // world) + min(rank, n % world)
     stop = start + n // world + (rank < n % world)
@@ -103,9 +97,8 @@ def all_sum(total):
 
 
 class SeededOrder(torch.utils.data.Sampler):
-    """A new permutation of the n examples at every pass, drawn from `gen` (its state is in
-    last.pt), so one DataLoader (with persistent workers) serves every epoch and the order is that
-    of a 1-process run everywhere."""
+    """A new permutation of the n examples at every pass, drawn from `gen` (its state is in last.pt), so one
+    DataLoader (with persistent workers) serves every epoch and the order is that of a 1-process run everywhere."""
 
     def __init__(self, n, gen):
         self.n, self.gen = n, gen
@@ -118,22 +111,13 @@ class SeededOrder(torch.utils.data.Sampler):
 
 
 def loader(dataset, batch_size, args, device, order=None):
-    """Clean batches (lra_data.clean_batch) of `dataset`, a task args.task's split: in a new seeded
-    order each epoch (order: a SeededOrder of it) or in order. CUDA: pinned memory, persistent workers that
-    prefetch (and collate)."""
+    """Clean batches (lra_data.clean_batch) of `dataset`, a task args.task's split: in a new seeded order each epoch
+    (order: a SeededOrder of it) or in order. CUDA: pinned memory, persistent workers that prefetch (and collate)."""
     workers, cuda = args.workers, device.type == "cuda"
-    # its worker seeds: not from the global (dropout) RNG
-    seeds = torch.Generator().manual_seed(args.seed + 4)
-    return torch.utils.data.DataLoader(
-        dataset, batch_size, sampler=order,
-        collate_fn=partial(lra_data.clean_batch, task=args.task), num_workers=workers, pin_memory=cuda,
-        persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
-        generator=seeds)
-
-
-def progress_bar(batches, desc, disable):
-    """The tqdm bar of a training epoch (redrawn at its own interval, not per step)."""
-    return tqdm(batches, desc=desc, leave=False, dynamic_ncols=True, disable=disable)
+    seeds = torch.Generator().manual_seed(args.seed + 4)    # its worker seeds: not from the global (dropout) RNG
+    return torch.utils.data.DataLoader(dataset, batch_size, sampler=order, generator=seeds, num_workers=workers,
+                                       collate_fn=partial(lra_data.clean_batch, task=args.task), pin_memory=cuda,
+                                       persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None)
 
 
 class Training:
@@ -155,8 +139,7 @@ class Training:
         self.mask_gen = self.gens["mask"]
         _, self.amp, fp16 = precision(args, device)
         self.scaler = fp16 or torch.amp.GradScaler(device.type, enabled=False)
-        # the guard's first [bad step, parameter]
-        self.record = torch.full((2,), -1.0, device=device)
+        self.record = torch.full((2,), -1.0, device=device)    # the guard's first [bad step, parameter]
         self.step_t = torch.zeros((), device=device)  # the step on the device: no copy per step
         if self.world > 1:
             self.forward = DDP(model, device_ids=[device] if device.type == "cuda" else None)
@@ -179,16 +162,15 @@ class Training:
         at a recorded non-finite update (check_finite)."""
         if self.rank > 0:
             torch.manual_seed(self.args.seed + 1000 * self.rank + epoch)
-        with progress_bar(self.train_loader, f"{self.phase.name} {epoch}/{self.phase.epochs}",
-                          disable=self.rank > 0) as self.bar:
+        with tqdm(self.train_loader, desc=f"{self.phase.name} {epoch}/{self.phase.epochs}", leave=False,
+                  dynamic_ncols=True, disable=self.rank > 0) as self.bar:     # redrawn at its own interval
             for batch in self.bar:
                 yield to_device(batch, self.device)             # denoise.Clean, made by collate
             check_finite(self, self.phase.name)
 
     def parts(self, n):
-        """This process's rows of a global batch of n examples (DDP: its share, shard) in phase.accum_steps
-        micro-batches -> (rows, keep, sync) each: keep False for a process left without rows (it computes row 0,
-        weighted 0, to join the all-reduce); sync: DDP's no_sync on every micro-batch but the last."""
+        """This process's rows of a global batch of n examples (its share: shard) in phase.accum_steps micro-batches
+        -> (rows, keep, sync) each: keep as shard's; sync: DDP's no_sync on every micro-batch but the last."""
         rows, keep = shard(n)
         parts = micro_batches(rows, self.phase.accum_steps)
         for i, part in enumerate(parts):
@@ -240,15 +222,13 @@ class Training:
                 "last_epoch": last, "stopped_early": stopped}
 
     def saved(self):
-        """What --resume needs beyond the phase's progress: weights, optimiser, schedule, fp16
-        scaler, every RNG."""
+        """What --resume needs beyond the phase's progress: weights, optimiser, schedule, fp16 scaler, every RNG."""
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                "step": self.step, "scheduler": self.sched.state_dict(),
+        rng = {"torch": torch.get_rng_state(), "cuda": cuda, **{k: g.get_state() for k, g in self.gens.items()}}
+        return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(), "step": self.step,
+                "scheduler": self.sched.state_dict(),
                 "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-                "device_type": self.device.type,
-                "rng": {"torch": torch.get_rng_state(), "cuda": cuda,
-                        **{k: g.get_state() for k, g in self.gens.items()}}}
+                "device_type": self.device.type, "rng": rng}
 
     def restore(self, ck):
         """Inverse of saved(), with the phase's progress (epochs done, best, seconds): continue exactly where the
@@ -264,8 +244,7 @@ class Training:
             if self.scaler.is_enabled() and ck.get("scaler"):
                 self.scaler.load_state_dict(ck["scaler"])
             torch.set_rng_state(ck["rng"]["torch"])
-            # this GPU's only: the count may change
-            if self.device.type == "cuda" and ck["rng"]["cuda"] is not None:
+            if self.device.type == "cuda" and ck["rng"]["cuda"] is not None:   # this GPU's only: the count may change
                 torch.cuda.set_rng_state(ck["rng"]["cuda"], self.device)
             for k, g in self.gens.items():
                 g.set_state(ck["rng"][k])
@@ -284,12 +263,11 @@ def micro_batches(rows, k):
 
 
 def guard_step(state, bad_loss):
-    """The optimiser step behind a device-side guard: one fused reduction (torch._foreach_norm)
-    over all gradients decides, on the device, whether this update is finite; a non-finite update
-    is skipped inside the fused AdamW kernel (found_inf), so it never reaches the weights, and
-    state.record keeps the first such [step, parameter index]. fp16: overflowing gradients are the
-    scaler's business (it skips and lowers its scale); only a non-finite loss is an error.
-    bad_loss: a device bool, any micro-batch's loss was not finite. Nothing here reads a device
+    """The optimiser step behind a device-side guard: one fused reduction (torch._foreach_norm) over all gradients
+    decides, on the device, whether this update is finite; a non-finite update is skipped inside the fused AdamW
+    kernel (found_inf), so it never reaches the weights, and state.record keeps the first such [step, parameter
+    index]. fp16: overflowing gradients are the scaler's business (it skips and lowers its scale); only a non-finite
+    loss is an error. bad_loss: a device bool, any micro-batch's loss was not finite. Nothing here reads a device
     value: check_finite does, once per progress interval. Then zero_grad and the schedule's step."""
     opt, scaler = state.opt, (state.scaler if state.scaler.is_enabled() else None)
     if scaler is not None:
@@ -298,8 +276,7 @@ def guard_step(state, bad_loss):
     grads = [p.grad if p.grad is not None else p.new_zeros(()) for p in params]
     finite = torch.isfinite(torch.stack(torch._foreach_norm(grads)))    # (P,) bool
     error = bad_loss if scaler is not None else bad_loss | ~finite.all()
-    # index into the trained parameters
-    first_bad = torch.where(finite.all(), -1, (~finite).int().argmax())
+    first_bad = torch.where(finite.all(), -1, (~finite).int().argmax())     # index into the trained parameters
     update = torch.stack([state.step_t, first_bad.float()])
     state.record.copy_(torch.where((state.record[0] < 0) & error, update, state.record))
     if scaler is not None:
@@ -315,14 +292,11 @@ def guard_step(state, bad_loss):
 
 
 def check_finite(state, phase):
-    """Stop at a recorded non-finite update (read once per progress interval), naming its step and
-    the first parameter whose gradient was not finite. The guard skipped it: weights and
-    checkpoints so far are intact."""
+    """Stop at a recorded non-finite update (read once per progress interval), naming its step and the first parameter
+    whose gradient was not finite. The guard skipped it: weights and checkpoints so far are intact."""
     record = state.record
-    # the earliest bad step of any process stops all, with that process's parameter
-    if dist.is_initialized():
-        # a process without one: never the earliest
-        step = torch.where(record[0] < 0, torch.inf, record[0])
+    if dist.is_initialized():   # the earliest bad step of any process stops all, with that process's parameter
+        step = torch.where(record[0] < 0, torch.inf, record[0])      # a process without one: never the earliest
         first = step.clone()
         dist.all_reduce(first, op=dist.ReduceOp.MIN)
         index = torch.where(step == first, record[1], -2.0)      # -2: not the process of that step
@@ -351,22 +325,19 @@ def check_finite_eval(phase, epoch, val, best):
          f"non-finite evaluation); {kept}; start again with a lower {lr}")
 
 
-# ---- what an evaluation logs and a run writes last (runs.write_whole) ----------------------
+# ---- what an evaluation logs, the test's predictions ---------------------------------------
 
 def evaluation_log(phase, epoch, step, lr, metrics):
-    """One evaluation's (line for log.txt, record for log.jsonl). metrics: {"train": metrics
-    since the last evaluation, "val": validation metrics, "improved": bool, "seconds": phase time
-    so far}."""
+    """One evaluation's (line for log.txt, record for log.jsonl). metrics: {"train": metrics since the last
+    evaluation, "val": validation metrics, "improved": bool, "seconds": phase time so far}."""
     train, val = metrics["train"], metrics["val"]
     m = "r2" if "r2" in val else "acc"
     line = (f"eval {phase.name:8s} epoch {epoch:3d}/{phase.epochs} step {step:6d} | "
             f"train_loss {train['loss']:.4f} {m} {train[m]:.4f} | val_loss {val['loss']:.4f} "
             f"val_{m} {val[m]:.4f}{' *' if metrics['improved'] else '  '} | lr {lr:.1e} | "
             f"{metrics['seconds']:.0f} s")
-    return line, {"phase": phase.name, "epoch": epoch, "step": step,
-                  **{f"train_{k}": v for k, v in train.items()},
-                  **{f"val_{k}": v for k, v in val.items()}, "lr": lr,
-                  "elapsed_s": metrics["seconds"]}
+    return line, {"phase": phase.name, "epoch": epoch, "step": step, **{f"train_{k}": v for k, v in train.items()},
+                  **{f"val_{k}": v for k, v in val.items()}, "lr": lr, "elapsed_s": metrics["seconds"]}
 
 
 def write_predictions(folder, split, predicted):
@@ -378,8 +349,7 @@ def write_predictions(folder, split, predicted):
     if dist.is_initialized():                       # each process scored its rows of every batch
         parts = [None] * dist.get_world_size()
         dist.all_gather_object(parts, [p.cpu() for p in predicted])
-        # batch by batch, rank by rank: in order
-        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])
+        rows = torch.cat([torch.cat(batch) for batch in zip(*parts)])    # batch by batch, rank by rank: in order
     labels = [int(y) for y in split.labels]
     if runs.rank() > 0:
         return
@@ -388,21 +358,9 @@ def write_predictions(folder, split, predicted):
               f"or over 10 classes (one digit an example)", flush=True)
         return
     index = hashlib.sha1(",".join(map(str, map(int, split.index))).encode()).hexdigest()
-    text = json.dumps({"split": "test", "n": len(labels), "index_sha1": index,
-                       "labels": "".join(map(str, labels)),
+    text = json.dumps({"split": "test", "n": len(labels), "index_sha1": index, "labels": "".join(map(str, labels)),
                        "predictions": "".join(map(str, rows.tolist()))})
     runs.write_whole(folder / "test_predictions.json", lambda tmp: tmp.write_text(text + "\n"))
-
-
-def write_results(folder, results):
-    """results.json (rank 0) and the last log line."""
-    if runs.rank() == 0:
-        runs.write_whole(folder / "results.json",
-                         lambda tmp: tmp.write_text(json.dumps(results, indent=2)))
-    seconds = results["wall_time_s"]
-    phases = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items() if k != "total")
-    runs.log(folder, f"done in {seconds['total'] / 60:.1f} min ({phases}): {folder}",
-             {"phase": "done", "wall_time_s": seconds})
 
 
 # ---- the optimiser's groups and schedule --------------------------------------------------
@@ -425,9 +383,8 @@ def param_groups(model, lr, wd, ssm_lr, ssm_names):
             else:
                 decay.append(p)
     size = lambda ps: sum(p.numel() for p in ps)  # noqa: E731
-    print(f"param groups: decay {size(decay):,} (lr {lr:.1e}, wd {wd}) | no-decay "
-          f"{size(no_decay):,} (norms, biases, embeddings) | ssm {size(ssm):,} (lr {ssm_lr:.1e}, "
-          f"wd 0)")
+    print(f"param groups: decay {size(decay):,} (lr {lr:.1e}, wd {wd}) | no-decay {size(no_decay):,} (norms, "
+          f"biases, embeddings) | ssm {size(ssm):,} (lr {ssm_lr:.1e}, wd 0)")
     groups = [dict(params=decay, lr=lr, weight_decay=wd),
               dict(params=no_decay, lr=lr, weight_decay=0.0),
               dict(params=ssm, lr=ssm_lr, weight_decay=0.0)]
