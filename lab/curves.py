@@ -7,12 +7,11 @@ line when it is not. matplotlib is optional (pip install matplotlib). Check: tes
 lines hold log.jsonl's values).
 """
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # the repo: python lab/curves.py from anywhere
-from tools import checked  # noqa: E402  (outputs over our own files only)
+from tools import checked  # noqa: E402  (log.jsonl's records; outputs over our own files only)
 
 PHASES = ("spt", "finetune")
 
@@ -23,15 +22,7 @@ def read_records(run_dir):
     path = Path(run_dir) / "log.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (is {run_dir} a train.py run folder?)")
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("phase") in PHASES and "step" in record:
-            out.append(record)
-    return out
+    return [r for r in checked.read_records(path, "check the run folder") if r.get("phase") in PHASES and "step" in r]
 
 
 def pyplot():
@@ -108,14 +99,11 @@ def main(argv=None):
         print("curves.py: error: matplotlib is not installed: pip install matplotlib", file=sys.stderr)
         return 2
     try:
-        if args.out:
-            draw(args.run_dirs, args.out, plt)
-            print(args.out)
-        else:
-            for d in args.run_dirs:
-                draw([d], Path(d) / "curves.png", plt)
-                print(Path(d) / "curves.png")
-    except (FileNotFoundError, checked.NotOwned) as e:
+        figures = [(args.run_dirs, args.out)] if args.out else [([d], Path(d) / "curves.png") for d in args.run_dirs]
+        for run_dirs, out in figures:
+            draw(run_dirs, out, plt)
+            print(out)
+    except (FileNotFoundError, checked.Damaged, checked.NotOwned) as e:
         print(f"curves.py: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -17,8 +17,9 @@ import os
 from pathlib import Path
 
 from lab import runs
+from tools import checked
 
-PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}   # --log-to value -> the package it needs
+PACKAGES = ("tensorboard", "wandb")                            # --log-to values, each the package it needs
 PROJECT = "never-train-from-scratch"                           # wandb's project, unless WANDB_PROJECT says
 
 
@@ -27,9 +28,8 @@ def log_to(text):
     package is not installed (checked without importing it, so a run without --log-to never imports either)."""
     if text not in PACKAGES:
         raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(PACKAGES)}")
-    if importlib.util.find_spec(PACKAGES[text]) is None:
-        raise argparse.ArgumentTypeError(f"{text} needs the {PACKAGES[text]} package, which is not installed: "
-                                         f"pip install {PACKAGES[text]}")
+    if importlib.util.find_spec(text) is None:
+        raise argparse.ArgumentTypeError(f"{text} needs the {text} package, which is not installed: pip install {text}")
     return text
 
 
@@ -45,8 +45,8 @@ def probe(kind):
     try:
         importlib.import_module("torch.utils.tensorboard" if kind == "tensorboard" else "wandb")
     except Exception as e:                                    # a broken install: ImportError, AttributeError, ...
-        return (f"--log-to {kind}: the {PACKAGES[kind]} package does not import ({type(e).__name__}: "
-                f"{str(e).splitlines()[0][:120] if str(e) else ''}); pip install --force-reinstall {PACKAGES[kind]}")
+        return (f"--log-to {kind}: the {kind} package does not import ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:120] if str(e) else ''}); pip install --force-reinstall {kind}")
     if kind == "wandb" and os.environ.get("WANDB_MODE", "online") not in ("offline", "disabled", "dryrun"):
         try:
             login = os.environ.get("WANDB_API_KEY") or netrc.netrc().authenticators("api.wandb.ai")
@@ -142,16 +142,11 @@ class Mirror:
 
     def sync(self):
         path = self.folder / "log.jsonl"
-        lines = path.read_text().splitlines() if path.is_file() else []
-        records = []
-        for line in lines:
-            with contextlib.suppress(json.JSONDecodeError):   # a line a kill cut short is no record
-                records.append(json.loads(line))
-        for record in records[:self.sent]:                    # the step axis where the last run left it
+        records = checked.read_records(path, "check the run folder") if path.is_file() else []   # cut lines: skipped
+        for i, record in enumerate(records):                  # those sent before only set the step axis
             self.step = record.get("step", self.step)
-        for record in records[self.sent:]:
-            self.step = record.get("step", self.step)
-            self.logger.send(record, self.step)
+            if i >= self.sent:
+                self.logger.send(record, self.step)
         if len(records) > self.sent:
             self.logger.flush()
             self.sent = len(records)

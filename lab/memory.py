@@ -48,21 +48,20 @@ def device_type(device):
 def memory_mib(device, what, reset=False):
     """MiB of memory on `device` (a string or torch.device). what: "now" (CUDA: allocated; CPU: the resident set),
     "peak" (since the last reset: CUDA's allocator counter of allocated bytes, or VmHWM, reset by writing 5 to
-    /proc/self/clear_refs, Linux), "reserved" and "reserved_peak" (CUDA's caching allocator, which also holds cuFFT
-    workspaces and fragmentation; None on a CPU), "free" and "total" (torch.cuda.mem_get_info, or MemAvailable /
-    MemTotal)."""
+    /proc/self/clear_refs, Linux), "reserved_peak" (CUDA's caching allocator, which also holds cuFFT workspaces and
+    fragmentation; None on a CPU), "free" and "total" (torch.cuda.mem_get_info, or MemAvailable / MemTotal)."""
     if device_type(device) == "cuda":
         if reset:
             torch.cuda.reset_peak_memory_stats(device)
         info = dict(now=torch.cuda.memory_allocated, peak=torch.cuda.max_memory_allocated,
-                    reserved=torch.cuda.memory_reserved, reserved_peak=torch.cuda.max_memory_reserved,
+                    reserved_peak=torch.cuda.max_memory_reserved,
                     free=lambda d: torch.cuda.mem_get_info(d)[0], total=lambda d: torch.cuda.mem_get_info(d)[1])
         return info[what](device) / 2**20
     if reset:                                # first hand memory that malloc keeps for reuse back to the system
         ctypes.CDLL(None).malloc_trim(0)     # (glibc), so that what the row needs shows in the resident set
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
-    if what in ("reserved", "reserved_peak"):
+    if what == "reserved_peak":
         return None
     key, path = dict(now=("VmRSS", "self/status"), peak=("VmHWM", "self/status"), free=("MemAvailable", "meminfo"),
                      total=("MemTotal", "meminfo"))[what]
@@ -127,7 +126,7 @@ def simulated_peak(build, forward, precision):
 
 @dataclasses.dataclass
 class Phase:
-    """A phase whose memory is planned: the model (a MODELS name), the task, its preset values (models.preset_values),
+    """A phase whose memory is planned: the model (a MODELS name), the task, its preset values (presets.preset_values),
     "spt" or "finetune", the padded length L (tokens; pixels: side²), train.py's --precision (fp16 counts as bf16,
     tf32 as fp32), and the run's --objective with its flags (None: the default objective, its defaults). One training
     step of it at a batch of B rows is what training_case builds and training_memory / step_estimate estimate."""
@@ -145,9 +144,8 @@ def training_case(phase, B):
     """(build, forward) of one training step of train.py's model on a random clean batch of full length L, through
     the step's own functions (models.batch_functions: the objective's corruption and loss for spt, the labelled
     batch and the one loss for finetune), so the estimate holds the run's own objective (rtd: its generator too).
-    phase: a Phase (its precision is not read here). Token tasks
-    take the padded path (lengths given, all real: the larger case), pixel tasks are never padded (padded None).
-    Retrieval: two documents per example, so 2·B sequences."""
+    phase: a Phase (its precision is not read here). Token tasks take the padded path (lengths given, all real: the
+    larger case), pixel tasks are never padded (padded None). Retrieval: two documents per example, so 2·B sequences."""
     model_name, task, L, flags = phase.model_name, phase.task, phase.L, phase.flags
     spec, cfg = lra_data.TASKS[task], presets.config_for(model_name, task, phase.values)
     objective = phase.objective or next(iter(models.OBJECTIVES))                  # --objective's default, the paper's
@@ -243,8 +241,7 @@ def card_memory(device):
 
 
 def card_budget(device):
-    """Bytes a run may plan to use on `device`: HEADROOM of the card's total (the rest is for what the estimate
-    leaves out: CUDA context, cuFFT / cuBLAS workspaces, allocator rounding), and never more than is free now."""
+    """(bytes a run may plan to use on `device`: HEADROOM of the card's total, never more than is free now; total)."""
     free, total = card_memory(device)
     return min(free, HEADROOM * total), total
 
@@ -280,6 +277,33 @@ def plan_phase(phase, batch, budget, accum_steps=None):
     est = peak(micro)
     return dict(phase=phase.name, batch=batch, L=phase.L, accum_steps=accum_steps, micro_batch=micro,
                 est_gib=est / 2**30, budget_gib=budget / 2**30, fits=bool(est <= budget))
+
+
+def plan_memory(args, meta, device, world):
+    """Each phase's micro-batches on the CUDA card `device` -> (start-up lines, config.json record): plan_phase at
+    the length batches pad to, within card_budget; an accum_steps left None (--preset paper without --accum-steps)
+    is planned, a given one kept and estimated (on a CPU: lab/run.no_card_plan). Every line says micro-batch,
+    accumulation steps and estimated peak; an estimate over the card is a note, not an error (it is an estimate)."""
+    phases = [("spt", "pretrain_batch_size", "pretrain_accum_steps")] if args.spt else []
+    phases += [("finetune", "batch_size", "accum_steps")]
+    record, lines = {}, []
+    budget, total = card_budget(device)
+    L = max(hardware.padded_lengths(args.task, args.max_len))
+    for phase, batch, accum in phases:
+        rows = -(-getattr(args, batch) // world)            # this process's rows of a step
+        flags = {k: getattr(args, k) for k in models.OBJECTIVES[args.objective].flags}  # the run's own objective
+        plan = plan_phase(Phase(args.model, args.task, meta["config"], phase, L, args.precision, args.objective, flags),
+                          rows, budget, getattr(args, accum))
+        setattr(args, accum, plan["accum_steps"])
+        record[phase] = dict(plan, card_gib=total / 2**30)
+        lines.append(f"memory plan {phase}: micro-batch {plan['micro_batch']} × {plan['accum_steps']}"
+                     f" accumulation steps, estimated peak {plan['est_gib']:.1f} GiB at L {L} of "
+                     f"{plan['budget_gib']:.1f} GiB planned ({HEADROOM:.0%} of the card's "
+                     f"{total / 2**30:.1f} GiB, at most what is free)")
+        if not plan["fits"]:
+            lines.append(f"note: {phase}: even micro-batch {plan['micro_batch']} is estimated over "
+                         f"the plan; pass a smaller --{batch.replace('_', '-')}")
+    return lines, record
 
 
 # ---- the check: the estimate against a real CPU step ----------------------------------------------------------------
@@ -361,35 +385,3 @@ def memory_lines(res):
                    [[r["model"], r["task"], r["phase"], r["precision"], r["B"], r["L"], f"{r['est_mib']:.1f}",
                      f"{r['measured_mib']:.1f}", f"{r['est_mib'] / r['measured_mib']:.3f}"] for r in res["check"]])
     return lines
-
-
-# ---- the memory plan: micro-batches from the card in hand ------------------------------------
-
-def plan_memory(args, meta, device, world):
-    """Each phase's micro-batches -> (start-up lines, config.json record). An accum_steps left None
-    (--preset paper without --accum-steps) is planned: on CUDA the smallest count that divides this
-    process's rows and whose micro-batch's estimated peak (lab/memory.py, at the length batches
-    pad to) fits HEADROOM of the card (torch.cuda.mem_get_info, never more than is free) (on a CPU:
-    lab/run.no_card_plan). A given count is kept and estimated on CUDA. Every line says micro-batch, accumulation
-    steps and estimated peak; an estimate over the card is a note, not an error (it is an
-    estimate)."""
-    phases = [("spt", "pretrain_batch_size", "pretrain_accum_steps")] if args.spt else []
-    phases += [("finetune", "batch_size", "accum_steps")]
-    record, lines = {}, []
-    budget, total = card_budget(device)
-    L = max(hardware.padded_lengths(args.task, args.max_len))
-    for phase, batch, accum in phases:
-        rows = -(-getattr(args, batch) // world)            # this process's rows of a step
-        flags = {k: getattr(args, k) for k in models.OBJECTIVES[args.objective].flags}  # the run's own objective
-        plan = plan_phase(Phase(args.model, args.task, meta["config"], phase, L, args.precision, args.objective, flags),
-                          rows, budget, getattr(args, accum))
-        setattr(args, accum, plan["accum_steps"])
-        record[phase] = dict(plan, card_gib=total / 2**30)
-        lines.append(f"memory plan {phase}: micro-batch {plan['micro_batch']} × {plan['accum_steps']}"
-                     f" accumulation steps, estimated peak {plan['est_gib']:.1f} GiB at L {L} of "
-                     f"{plan['budget_gib']:.1f} GiB planned ({HEADROOM:.0%} of the card's "
-                     f"{total / 2**30:.1f} GiB, at most what is free)")
-        if not plan["fits"]:
-            lines.append(f"note: {phase}: even micro-batch {plan['micro_batch']} is estimated over "
-                         f"the plan; pass a smaller --{batch.replace('_', '-')}")
-    return lines, record

@@ -25,7 +25,6 @@ import lra_data  # noqa: E402
 import models  # noqa: E402
 from lab.runs import fail  # noqa: E402
 from tools import checked  # noqa: E402
-from tools.checked import at_least, flag_message, in_range, number, seed  # noqa: F401, E402  (the flags)
 
 # ---- paper: model sizes --------------------------------------------------------------------------
 
@@ -40,8 +39,7 @@ TRANSFORMER_SIZE = {
     "pathx": dict(n_layers=4, d_model=128, n_heads=4, d_ff=128, block_size=4096),
     "pathx256": dict(n_layers=4, d_model=128, n_heads=4, d_ff=128, block_size=4096),
 }
-# S4: bidirectional, N = 64, HiPPO-LegS, GLU (paper §4 after S4's configs); DLR: the same with
-# LayerNorm
+# S4: bidirectional, N = 64, HiPPO-LegS, GLU (paper §4 after S4's configs); DLR: the same with LayerNorm
 SSM_SIZE = {
     "listops": dict(n_layers=8, d_model=128, norm="batch", prenorm=False),
     "text": dict(n_layers=6, d_model=256, norm="batch", prenorm=True),
@@ -53,8 +51,7 @@ SSM_SIZE = {
 }
 
 # ---- paper: optimisation, per phase --------------------------------------------------------------
-# (lr, batch_size, pretrain_lr, pretrain_batch_size); None = the table leaves it out (filled in
-# below, with a source)
+# (lr, batch_size, pretrain_lr, pretrain_batch_size); a run the tables leave out: ssm_row, with a source
 
 TABLE4_TRANSFORMER_LR = {  # (FT, SPT)
     "listops": (1e-4, 1e-3), "text": (5e-4, 5e-4), "retrieval": (5e-4, 5e-3),
@@ -71,9 +68,8 @@ TABLE5 = {
                      "pathx": (5e-4, 64)},
     ("s4", "tfs"): {"pathx256": (1e-4, 16)},                        # App. C.1.2
 }
-# S4's LRA configs (Gu et al. 2022): batch size and epochs of each task; S4 from scratch trains at
-# lr 0.01 (PathX 5e-4), weight decay 0.05 (paper §4). Warm-up: about one epoch, our choice (the
-# papers do not print it).
+# S4's LRA configs (Gu et al. 2022): batch size and epochs of each task; S4 from scratch trains at lr 0.01
+# (PathX 5e-4), weight decay 0.05 (paper §4). Warm-up: about one epoch, our choice (the papers do not print it).
 S4_CONFIG = {
     "listops": dict(batch_size=50, epochs=40, warmup=2000),
     "text": dict(batch_size=16, epochs=32, warmup=5000),
@@ -83,9 +79,8 @@ S4_CONFIG = {
     "pathx": dict(batch_size=32, epochs=50, warmup=5000),
     "pathx256": dict(batch_size=32, epochs=50, warmup=5000),
 }
-# The authors' Transformer configs: batch 32 everywhere (Image fine-tuning 50), epochs (fine-tuning,
-# SPT), warm-up within their 2,000-5,000 steps. Their learning rates are placeholders: Table 4's are
-# used.
+# The authors' Transformer configs: batch 32 everywhere (Image fine-tuning 50), epochs (fine-tuning, SPT),
+# warm-up within their 2,000-5,000 steps. Their learning rates are placeholders: Table 4's are used.
 TRANSFORMER_CONFIG = {"listops": (100, 100, 2000), "text": (65, 32, 5000),
                       "retrieval": (32, 32, 2500), "image": (200, 50, 2000),
                       "pathfinder": (200, 50, 2500), "pathx": (200, 200, 5000),
@@ -94,17 +89,13 @@ TRANSFORMER_CONFIG = {"listops": (100, 100, 2000), "text": (65, 32, 5000),
 SPT_EPOCHS = {("s4", "listops"): 100}
 PAPER_GENERATE = {"listops": 100_000, "pathfinder": 200_000, "pathx": 200_000,  # LRA's sizes
                   "pathx256": 200_000}
-# accum_steps: the paper's batch in one step here; on a GPU train.py splits a phase's batch into
-# micro-batches that fit the card in hand (lab/memory.py: plan_memory, from its estimate)
 
 
 def ssm_row(model, task, spt, s4_batch):
-    """((lr, batch_size, pretrain_lr, pretrain_batch_size), source) of S4 or DLR on `task`, with or
-    without SPT."""
+    """((lr, batch_size, pretrain_lr, pretrain_batch_size), source) of S4 or DLR on `task`, with or without SPT."""
     phase = "spt" if spt else "tfs"
     if task in TABLE5.get((model, phase), {}):
-        row, source = (TABLE5[model, phase][task],
-                       "paper App. C.1.2" if task == "pathx256" else "paper Table 5")
+        row, source = TABLE5[model, phase][task], "paper App. C.1.2" if task == "pathx256" else "paper Table 5"
     elif model == "dlr" and task == "pathx256":
         row, source = TABLE5["dlr", phase]["pathx"], "paper Table 5 (DLR's PathX row)"
     elif model == "dlr" and spt:
@@ -112,59 +103,51 @@ def ssm_row(model, task, spt, s4_batch):
     elif model == "dlr":
         row, source = (5e-4, s4_batch), "paper Table 5 (DLR's lr from scratch; S4's batch)"
     else:
-        row, source = ((5e-4 if task == "pathx" else 1e-2, s4_batch),
-                       "paper §4 (S4 from scratch) + S4's config")
+        row, source = (5e-4 if task == "pathx" else 1e-2, s4_batch), "paper §4 (S4 from scratch) + S4's config"
     return (row if len(row) == 4 else (*row, *row)), source  # from scratch: SPT settings are unused
 
 
-def per_phase_accum(values, model, task):
-    """accum_steps and pretrain_accum_steps: 1 (the whole batch); the card in hand decides at start-up
-    (lab/memory.py: plan_memory)."""
-    values.update(accum_steps=1, pretrain_accum_steps=1)
-    return values
+def lra_run(task):
+    """(values, sources) that every paper run on `task` shares: LRA's data sizes, all of it, no dropout, and
+    accum_steps 1 (the paper's batch in one step; on a GPU train.py splits it into micro-batches that fit the card
+    in hand: lab/memory.py, plan_memory)."""
+    values = dict(generate=PAPER_GENERATE.get(task), max_train=0, max_eval=0, dropout=0.0, accum_steps=1,
+                  pretrain_accum_steps=1)
+    sources = dict.fromkeys(["generate", "max_train", "max_eval", "dropout"], "LRA's sizes, all data, no dropout")
+    sources.update(dict.fromkeys(["accum_steps", "pretrain_accum_steps"], "planned on the card at start-up"))
+    return values, sources
 
 
 def transformer_paper(task, spt):
-    """(values, sources) of `--preset paper` for the Transformer on `task` (the same with or without
-    SPT)."""
-    values = dict(generate=PAPER_GENERATE.get(task), max_train=0, max_eval=0, dropout=0.0)
+    """(values, sources) of `--preset paper` for the Transformer on `task` (the same with or without SPT)."""
+    values, sources = lra_run(task)
     epochs, pretrain_epochs, warmup = TRANSFORMER_CONFIG[task]
     lr, pretrain_lr = TABLE4_TRANSFORMER_LR[task]
     values.update(TRANSFORMER_SIZE[task], weight_decay=0.0, lr=lr, pretrain_lr=pretrain_lr,
                   batch_size=50 if task == "image" else 32, pretrain_batch_size=32, epochs=epochs,
                   pretrain_epochs=pretrain_epochs, warmup=warmup)
-    sources = dict.fromkeys(["generate", "max_train", "max_eval", "dropout"],
-                            "LRA's sizes, all data, no dropout")
     sources.update(dict.fromkeys(TRANSFORMER_SIZE[task], "paper Table 2 + authors' config"))
     sources.update(dict.fromkeys(["batch_size", "pretrain_batch_size", "epochs", "pretrain_epochs",
                                   "warmup"], "authors' Transformer config"))
-    sources.update(lr="paper Table 4", pretrain_lr="paper Table 4", weight_decay="paper §4 (none)",
-                   accum_steps="planned on the card at start-up", pretrain_accum_steps="planned on the card at start-up")
-    return per_phase_accum(values, "transformer", task), sources
+    sources.update(lr="paper Table 4", pretrain_lr="paper Table 4", weight_decay="paper §4 (none)")
+    return values, sources
 
 
 def ssm_paper(model, task, spt):
     """(values, sources) of `--preset paper` for S4 or DLR on `task`, with or without SPT."""
-    values = dict(generate=PAPER_GENERATE.get(task), max_train=0, max_eval=0, dropout=0.0)
-    values.update(SSM_SIZE[task], d_state=64 if model == "s4" else 1024, weight_decay=0.05,
-                  **S4_CONFIG[task])
+    values, sources = lra_run(task)
+    values.update(SSM_SIZE[task], d_state=64 if model == "s4" else 1024, weight_decay=0.05, **S4_CONFIG[task])
     if model == "dlr":                                    # "as S4 with LayerNorm" (paper §4)
         values.update(norm="layer", prenorm=True)
-    sources = dict.fromkeys(["generate", "max_train", "max_eval", "dropout"],
-                            "LRA's sizes, all data, no dropout")
-    sources.update(dict.fromkeys([*SSM_SIZE[task], "d_state", "weight_decay"],
-                                 "paper §4 (S4's configs)"))
-    sources.update(batch_size="S4's LRA config", epochs="S4's LRA config",
-                   warmup="ours (about 1 epoch)")
+    sources.update(dict.fromkeys([*SSM_SIZE[task], "d_state", "weight_decay"], "paper §4 (S4's configs)"))
+    sources.update(batch_size="S4's LRA config", epochs="S4's LRA config", warmup="ours (about 1 epoch)")
     per_phase = ["lr", "batch_size", "pretrain_lr", "pretrain_batch_size"]
     row, source = ssm_row(model, task, spt, values["batch_size"])
     values.update(zip(per_phase, row))
     sources.update(dict.fromkeys(per_phase, source))
     values["pretrain_epochs"] = SPT_EPOCHS.get((model, task), values["epochs"])
-    sources["pretrain_epochs"] = ("authors' S4 SPT config" if (model, task) in SPT_EPOCHS
-                                  else "= fine-tuning epochs")
-    sources.update(accum_steps="planned on the card at start-up", pretrain_accum_steps="planned on the card at start-up")
-    return per_phase_accum(values, model, task), sources
+    sources["pretrain_epochs"] = "authors' S4 SPT config" if (model, task) in SPT_EPOCHS else "= fine-tuning epochs"
+    return values, sources
 
 
 def s4_paper(task, spt):
@@ -184,8 +167,7 @@ PAPER = {"transformer": transformer_paper, "s4": s4_paper, "dlr": dlr_paper}
 
 def paper_of(name, entry):
     """(task, spt) -> (values, sources) of --preset paper for model `name` (entry: its models.MODELS entry): the
-    entry's own `paper` where it has one (a fork's, e.g. borrowed), else PAPER's; None for a model the paper never
-    ran."""
+    entry's own `paper` (a fork's, e.g. borrowed), else PAPER's; None for a model the paper never ran."""
     return entry.paper if entry.paper is not None else PAPER.get(name)
 
 
@@ -219,39 +201,32 @@ CPU_TASK = {  # task: (epochs, batch size, examples generated, max_train, max_ev
               "pathfinder": (10, 32, 12000, 9600, 1200), "pathx": (3, 16, 2500, 2000, 250),
               "pathx256": (2, 8, 500, 400, 50)},
 }
-# Where a model is much slower on a CPU than DLR, the CPU presets give it 1/share of the examples
-# (and smaller batches, so it takes as many steps): S4's NPLR kernel at L = 16,384, the
-# Transformer's attention on the long tasks.
+# Where a model is much slower on a CPU than DLR, the CPU presets give it 1/share of the examples (and smaller
+# batches, so it takes as many steps): S4's NPLR kernel at L = 16,384, the Transformer's attention on the long tasks.
 CPU_SHARE = {("s4", "pathx"): 4, ("s4", "pathx256"): 4, ("transformer", "pathx"): 20,
              ("transformer", "pathx256"): 20, ("transformer", "listops"): 4,
              ("transformer", "text"): 4, ("transformer", "retrieval"): 4}
 
 
 def cpu_values(preset, model, task):
-    """Every setting a CPU preset ("tiny", "small") decides for (model, task): training flags and
-    model-config fields. Flags given explicitly on the command line override these
-    (apply)."""
+    """Every setting a CPU preset ("tiny", "small") decides for (model, task): training flags and model-config
+    fields. Flags given explicitly on the command line override these (apply)."""
     epochs, batch, generate, max_train, max_eval = CPU_TASK[preset][task]
     share = CPU_SHARE.get((model, task), 1)
     batch = max(4, batch // share)
     return {**CPU_MODEL[preset], "epochs": epochs, "pretrain_epochs": epochs, "batch_size": batch,
-            "generate": generate, "max_train": max_train // share,
-            "max_eval": max(16, max_eval // share),
-            "accum_steps": 1, "pretrain_accum_steps": 1}   # SPT batch: --batch-size's
-                                                           # (apply)
+            "generate": generate, "max_train": max_train // share, "max_eval": max(16, max_eval // share),
+            "accum_steps": 1, "pretrain_accum_steps": 1}   # SPT batch: --batch-size's (apply)
 
 
 def model_config(Config, task, values, causal=False):
-    """The backbone config for `task`: the fields of `values` (a preset's, plus explicit flags) that
-    the config class Config has, the input kind of the task (tokens: vocab_size; pixels: d_input =
-    2, value + mask indicator), and causal (Transformer) / bidirectional (S4, DLR). Raises
-    ValueError (from the config) for impossible values. max_len (the longest input, for a
-    Transformer's learned position table) is --max-len's where given, else the task's."""
+    """The backbone config for `task`: the fields of `values` (a preset's, plus explicit flags) that the config
+    class Config has, the input kind of the task (tokens: vocab_size; pixels: d_input = 2, value + mask indicator),
+    and causal (Transformer) / bidirectional (S4, DLR). Raises ValueError (from the config) for impossible values.
+    max_len (the longest input: a Transformer's learned positions) is --max-len's where given, else the task's."""
     spec = lra_data.TASKS[task]
-    kw = {"max_len": spec.max_len,              # the Transformer's learned positions: --max-len's
-          **values, "vocab_size": spec.vocab_size if spec.kind == "tokens" else None,
-          "d_input": 1 if spec.kind == "tokens" else 2, "causal": causal,
-          "bidirectional": not causal}
+    kw = {"max_len": spec.max_len, **values, "vocab_size": spec.vocab_size if spec.kind == "tokens" else None,
+          "d_input": 1 if spec.kind == "tokens" else 2, "causal": causal, "bidirectional": not causal}
     fields = {f.name for f in dataclasses.fields(Config)}
     return Config(**{k: v for k, v in kw.items() if k in fields})
 
@@ -319,12 +294,10 @@ def apply(args, entry):
     fields = {f.name for f in dataclasses.fields(entry.Config)}
     config_kw, notes = {}, []
     paper = paper_of(args.model, entry)
-    if (args.preset == "paper" and paper
-            and "borrowed from" in str(paper(args.task, args.spt)[1])):
+    if args.preset == "paper" and paper and "borrowed from" in str(paper(args.task, args.spt)[1]):
         notes.append(f"note: --preset paper: the paper has no {args.model} run; its values are "
                      f"borrowed (python lab/presets.py names each source)")
-    accum_given = {k for k in ("accum_steps", "pretrain_accum_steps")
-                   if getattr(args, k) is not None}
+    accum_given = {k for k in ("accum_steps", "pretrain_accum_steps") if getattr(args, k) is not None}
     for key, value in preset_values(args.preset, args.model, entry, args.task, args.spt).items():
         if key in fields:                     # a model knob: the config's (a typed flag wins, below)
             config_kw[key] = value
@@ -355,20 +328,17 @@ def apply(args, entry):
 
 
 def check(args, config_kw, entry):
-    """The checks that involve several flags (or a flag and the disk), after the presets are
-    applied; returns the backbone config (entry: the model's models.MODELS entry; the objective's
-    own checks are its entry's `refuse`). Raises ValueError with one line naming the flags
-    (train.py prints it and exits with status 2)."""
+    """The checks that involve several flags (or a flag and the disk), after the presets are applied; returns the
+    backbone config (entry: the model's models.MODELS entry; the objective's own checks are its entry's `refuse`).
+    Raises ValueError with one line naming the flags (train.py prints it and exits with status 2)."""
     task = lra_data.TASKS[args.task]
     if args.spt and args.init_from:
-        raise ValueError("--init-from already supplies a pre-trained backbone: drop --spt (or "
-                         "--init-from)")
+        raise ValueError("--init-from already supplies a pre-trained backbone: drop --spt (or --init-from)")
     # resume: last.pt has it all
     if args.init_from and not args.resume and not Path(args.init_from).is_file():
         raise ValueError(f"--init-from {args.init_from}: no such checkpoint file")
     if args.cache_dir and Path(args.cache_dir).exists() and not Path(args.cache_dir).is_dir():
-        raise ValueError(f"--cache-dir {args.cache_dir} is a file, not a folder: pass a folder for "
-                         f"the cache")
+        raise ValueError(f"--cache-dir {args.cache_dir} is a file, not a folder: pass a folder for the cache")
     if args.max_len is not None and (args.task not in ("text", "retrieval")
                                      or not 2 <= args.max_len <= task.max_len):
         raise ValueError(f"--max-len {args.max_len}: only text and retrieval documents can be "
@@ -382,8 +352,7 @@ def check(args, config_kw, entry):
         raise ValueError(f"--data-dir {args.data_dir}: no such folder (synthetic tasks are "
                          f"generated only into an existing folder or the default ./data)")
     if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} is a file, not a folder: pass a folder for the run "
-                         f"folders")
+        raise ValueError(f"--out {args.out} is a file, not a folder: pass a folder for the run folders")
     try:
         return model_config(entry.Config, args.task, config_kw, args.causal)
     except ValueError as e:                  # "d_state=0 must be ...": name the flag that set it
@@ -438,11 +407,9 @@ def paper_table(models):
 def main(argv=None):
     """python lab/presets.py [--out FILE]: every --preset paper value of every MODELS entry with its
     source, as markdown (results/paper_presets.md); one line on a bad flag."""
-    p = argparse.ArgumentParser(description="Print every --preset paper value and its source "
-                                            "(markdown).")
+    p = argparse.ArgumentParser(description="Print every --preset paper value and its source (markdown).")
     p.add_argument("--out", default=None, help="write the table here instead of printing it")
-    p.error = lambda m: (print(f"presets.py: error: {checked.flag_message(m)}", file=sys.stderr),
-                         sys.exit(2))
+    p.error = lambda m: (print(f"presets.py: error: {checked.flag_message(m)}", file=sys.stderr), sys.exit(2))
     args = p.parse_args(argv)
     if args.out and Path(args.out).is_dir():
         p.error(f"--out {args.out} is a folder: pass a file name, e.g. results/paper_presets.md")

@@ -28,14 +28,12 @@ SEED_MAX = 2**62    # seeds derived from --seed (seed + 4, seed + 1000·rank + e
 # ---- numbers -------------------------------------------------------------------------------------
 
 def number(kind, ok, rule):
-    """An argparse type: text -> kind (int or float), finite, checked by ok(value), else one line
-    "<value> <rule>"."""
+    """An argparse type: text -> kind (int or float), finite, checked by ok(value), else one line "<value> <rule>"."""
     def check(text):
         try:
             value = kind(text)
         except (ValueError, OverflowError):
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
         if kind is float and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text} is not a finite number")
         if not ok(value):
@@ -62,7 +60,7 @@ def in_range(low, high=math.inf, open_low=False, open_high=False):
 def seed():
     """An argparse type: a seed, an integer in [0, SEED_MAX], leaving room for the seeds derived from it."""
     return number(int, lambda v: 0 <= v <= SEED_MAX,
-                  f"must be in [0, 2**62] (the seeds derived from it must stay below torch's 2**64)")
+                  "must be in [0, 2**62] (the seeds derived from it must stay below torch's 2**64)")
 
 
 def flag_message(message):
@@ -112,10 +110,8 @@ def read_records(log, fix):
     run ends it, runs.append_line) is no record and is skipped: the evaluation it began is logged whole after it."""
     records = []
     for line in read_text(log, fix).splitlines():
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
     return records
 
 
@@ -127,11 +123,9 @@ def read_checkpoint(path, device="cpu"):
         with open(path, "rb") as f:                 # a Python file: a path of any bytes, as the OS gave it
             ck = torch.load(f, map_location=device, weights_only=True)
     except Exception as e:                          # truncated, empty, garbage, not plain data
-        raise ValueError(
-            f"{path} is damaged or not a train.py checkpoint ({type(e).__name__})") from None
+        raise ValueError(f"{path} is damaged or not a train.py checkpoint ({type(e).__name__})") from None
     if not isinstance(ck, dict) or not {"model", "config", "model_name", "task"} <= set(ck):
-        raise ValueError(
-            f"{path} is not a train.py checkpoint (no model/config/model_name/task entries)")
+        raise ValueError(f"{path} is not a train.py checkpoint (no model/config/model_name/task entries)")
     return ck
 
 
@@ -175,12 +169,9 @@ def record(folder, name, tool):
         files.pop(name, None)
     else:
         files[name] = tool
-    path = Path(folder) / MANIFEST
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"note": "files written by this repo's tools (tools/checked.py); a tool overwrites "
-                                       "or deletes only the files listed here", "files": dict(sorted(files.items()))},
-                              indent=1) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps({"note": "files written by this repo's tools (tools/checked.py); a tool overwrites or deletes "
+                               "only the files listed here", "files": dict(sorted(files.items()))}, indent=1)
+    write_whole(Path(folder) / MANIFEST, text + "\n")
 
 
 def owned(path):
@@ -190,9 +181,8 @@ def owned(path):
 
 
 def write_owned(path, write, tool):
-    """write(tmp) fills a temporary file, which then replaces `path` and is recorded as `tool`'s; NotOwned (one line)
-    if `path` exists and no tool of the repo wrote it. `write` may also be the bytes or text to write. OSError (a
-    full disk, a read-only folder) leaves the old file and no temporary."""
+    """write_whole(path, write), then `path` is recorded as `tool`'s; NotOwned (one line) if `path` exists and no tool
+    of the repo wrote it."""
     path = Path(path)
     if not owned(path):
         raise NotOwned(f"{path} exists and was not written by {tool} (it is not in {path.parent / MANIFEST}): it is "
