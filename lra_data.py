@@ -29,7 +29,7 @@ except ImportError:
 import denoise
 from lra import check as lra_check
 from lra import sources
-from lra.files import EOS, MASK, N_SPECIAL, PAD, DataError, plural  # noqa: F401  (MASK: the models' inputs)
+from lra.files import EOS, MASK, N_SPECIAL, PAD, DataError, plural
 from lra.listops import LISTOPS_SYMBOLS
 from lra.pathfinder import DIFFICULTIES, measure_speed
 from tools.checked import open_lock
@@ -50,16 +50,14 @@ class Task:
 TASKS = {
     "listops":    Task(10, 2048, "tokens", N_SPECIAL + len(LISTOPS_SYMBOLS), 0.10, "mean"),
     "text":       Task(2, 4096, "tokens", N_SPECIAL + 256, 0.15, "mean"),
-    # retrieval: 4000 bytes + EOS per document
-    "retrieval":  Task(2, 4001, "tokens", N_SPECIAL + 256, 0.15, "mean", pair=True),
+    "retrieval":  Task(2, 4001, "tokens", N_SPECIAL + 256, 0.15, "mean", pair=True),  # 4000 B + EOS
     "image":      Task(10, 1024, "pixels", 256, 0.50, "mean", side=32),
     "pathfinder": Task(2, 1024, "pixels", 256, 0.50, "mean", side=32),
     "pathx":      Task(2, 16384, "pixels", 256, 0.50, "max", side=128),
     "pathx256":   Task(2, 65536, "pixels", 256, 0.50, "max", side=256),
 }
 PATHFINDER_TASKS = ("pathfinder", "pathx", "pathx256")
-# "hard" -> "curv_contour_length_14"
-DIFFICULTY = {name: d.folder for name, d in DIFFICULTIES.items()}
+DIFFICULTY = {name: d.folder for name, d in DIFFICULTIES.items()}  # name -> release folder
 SPLIT_SEED = 42  # every split we carve ourselves; 42 reproduces S4's Pathfinder random_split
 
 
@@ -73,8 +71,7 @@ class LRADataset(torch.utils.data.Dataset):
             task, Path(store), part, index, source)
         self.max_len = max_len  # token tasks: keep the first max_len - 1 ids + EOS of each document
         self.notes = list(notes)
-        # (n,) int64, for label balance / checks
-        self.labels = np.load(self.store / f"{part}.y.npy")[index]
+        self.labels = np.load(self.store / f"{part}.y.npy")[index]  # (n,) int64, for label checks
         self._arrays = None
 
     def arrays(self):
@@ -99,8 +96,7 @@ class LRADataset(torch.utils.data.Dataset):
     def __getitem__(self, i):
         j, y = int(self.index[i]), int(self.labels[i])
         if TASKS[self.task].kind == "pixels":
-            # one row by a plain read: reading through a memmap would leave every page touched
-            # resident (PathX 3.3 GB)
+            # a plain read of one row: a memmap keeps every page touched resident (PathX: 3.3 GB)
             f, start, L = self.arrays()
             f.seek(start + j * L)
             return torch.frombuffer(bytearray(f.read(L)), dtype=torch.uint8), y  # (L,) uint8
@@ -139,24 +135,19 @@ def clean_input(x, task):
 
 def collate(batch):
     """[(x, label)] -> (x, lengths, y): tokens padded with PAD to bucket_length of the batch's
-    longest sequence, pixels stacked (fixed length, no padding)."""
-    xs, y = [b[0] for b in batch], torch.tensor([int(b[1]) for b in batch],
-                                                dtype=torch.long)  # y: (B,)
+    longest sequence, (B, L) with lengths (B,), or (B, 2, L) with lengths (B, 2) for retrieval
+    pairs; pixels stacked (fixed length, no padding)."""
+    xs = [b[0] for b in batch]
+    y = torch.tensor([int(b[1]) for b in batch], dtype=torch.long)  # (B,)
     if xs[0].dtype == torch.uint8:  # pixels: fixed length, raw 0..255
         x = torch.stack(xs)  # (B, L) uint8
         return x, torch.full((len(xs),), x.size(1), dtype=torch.long), y
-    if xs[0].dim() == 2:  # retrieval: (2, L_pair) each
-        lengths = torch.stack([(x != PAD).sum(-1) for x in xs])  # (B, 2); real ids are never PAD
-        x = torch.full((len(xs), 2, bucket_length(int(lengths.max()))), PAD,
-                       dtype=torch.long)  # (B, 2, L)
-        for b, xb in enumerate(xs):
-            n = int(lengths[b].max())
-            x[b, :, :n] = xb[:, :n]
-        return x, lengths, y
-    lengths = torch.tensor([len(x) for x in xs], dtype=torch.long)  # (B,)
-    x = torch.full((len(xs), bucket_length(int(lengths.max()))), PAD, dtype=torch.long)  # (B, L)
-    for b, xb in enumerate(xs):
-        x[b, : len(xb)] = xb
+    lengths = torch.stack([(xb != PAD).sum(-1) for xb in xs])  # (B,) or (B, 2); ids are never PAD
+    x = torch.full((*lengths.shape, bucket_length(int(lengths.max()))), PAD,
+                   dtype=torch.long)  # (B, L) or (B, 2, L)
+    for b, xb in enumerate(xs):  # xb: (L_b,) or (2, L_b)
+        n = int(lengths[b].max())
+        x[b, ..., :n] = xb[..., :n]
     return x, lengths, y
 
 
@@ -191,11 +182,10 @@ def _split(task, split, sizes, lra_val):
     """-> (cached part, indices into it) for train/val/test."""
     if task in PATHFINDER_TASKS:  # no official split: 80/10/10 by random_split order, as S4 does
         n = sizes["all"]
-        n_val = n_test = int(0.1 * n)
+        n_eval = int(0.1 * n)                                           # val and test each
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(SPLIT_SEED)).numpy()
-        bounds = {"train": (0, n - n_val - n_test), "val": (n - n_val - n_test, n - n_test),
-                  "test": (n - n_test, n)}
-        lo, hi = bounds[split]
+        lo, hi = {"train": (0, n - 2 * n_eval), "val": (n - 2 * n_eval, n - n_eval),
+                  "test": (n - n_eval, n)}[split]
         return "all", np.sort(perm[lo:hi])
     # no official val split: carve 10% of train, unless the LRA habit
     if task in ("text", "image"):
@@ -241,8 +231,7 @@ def load(task, split, files="data", *, keep=None, data_fraction=1.0, lra_val=Fal
     overwritten. files.max_len (text, retrieval; >= 2) cuts each document to its first
     max_len - 1 bytes + EOS, below LRA's 4096/4000, for CPU-sized runs. ListOps cannot be cut
     (the answer needs the whole expression): generate shorter ones instead.
-    The cache is rebuilt when any source file read changes its size or mtime (every TSV, review,
-    batch file, archive, metadata file and listed PNG is stat'ed; contents are not hashed).
+    The cache is rebuilt when a source file read changes its size or mtime (lra/cache.stamp).
     .notes lists, one line each, what was skipped, empty or cut while reading (kept in the cache's
     meta.json, so a reused cache reports them too) and a count that differs from `generate`: the
     same list for every split of a source; load does not print them (the CLI does).
@@ -259,18 +248,16 @@ def load(task, split, files="data", *, keep=None, data_fraction=1.0, lra_val=Fal
                         f"a fixed length)")
     if (split not in ("train", "val", "test") or difficulty not in DIFFICULTIES
             or not 0 < data_fraction <= 1 or (generate is not None and generate < 10)):
-        raise DataError(f"bad arguments split={split!r} (train/val/test), "
-                        f"difficulty={difficulty!r} "
-                        f"({'/'.join(DIFFICULTIES)}), data_fraction={data_fraction} (0 < f <= 1), "
-                        f"generate={generate} (>= 10)")
-    data_dir = Path(files.data_dir)
-    src, source, store, sizes, notes = sources.prepare(task, TASKS[task], data_dir, files.cache_dir, difficulty,
-                                                       generate, files.workers)
+        raise DataError(f"bad arguments split={split!r} (train/val/test), difficulty="
+                        f"{difficulty!r} ({'/'.join(DIFFICULTIES)}), data_fraction={data_fraction} "
+                        f"(0 < f <= 1), generate={generate} (>= 10)")
+    src, source, store, sizes, notes = sources.prepare(task, TASKS[task], Path(files.data_dir),
+                                                       files.cache_dir, difficulty, generate,
+                                                       files.workers)
     part, index = _split(task, split, sizes, lra_val)
     if len(index) == 0:
         raise DataError(f"{task}: the {split} split read from {src} is empty; check the files "
                         f"there (or generate more)")
-    # the fraction: of train only
     n = max(1, round((data_fraction if split == "train" else 1.0) * len(index)))
     if keep and keep > n:                # e.g. --max-eval 8 on a split of 2: say so, use them all
         notes = notes + [f"at most {keep:,} {split} examples asked for (--max-"
@@ -312,8 +299,7 @@ def load_splits(args):
     runs) prepare the data once and wait, never on a collective's timeout. Raises DataError (one
     line)."""
     digest = hashlib.sha1(os.fsencode(Path(args.data_dir).resolve())).hexdigest()[:12]
-    # the other processes wait here
-    with file_lock(Path(tempfile.gettempdir()) / f"lra-prepare-{digest}.lock"):
+    with file_lock(Path(tempfile.gettempdir()) / f"lra-prepare-{digest}.lock"):  # others wait here
         files = Files(args.data_dir, args.cache_dir, args.difficulty, args.generate or None,
                       workers=os.cpu_count() or 1, max_len=args.max_len)
         splits = {split: load(args.task, split, files, lra_val=args.lra_val,
@@ -350,8 +336,7 @@ def check_classes(train, task):
 
 
 def _cut_count(store, part, index, max_len, pair):
-    """How many documents of the examples `index` of a cached token part are longer than
-    max_len."""
+    """How many documents of the examples `index` of a cached token part are longer than max_len."""
     lengths = np.diff(np.load(store / f"{part}.off.npy"))  # (documents,)
     docs = np.stack([2 * index, 2 * index + 1], 1).ravel() if pair else index
     return int((lengths[docs] > max_len).sum())
@@ -363,8 +348,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="Read (or generate) one LRA task and cache it; prints "
                                             "source, sizes, label balance and notes on what was "
                                             "skipped or cut.")
-    p.add_argument("--task", choices=TASKS, default=None, help=", ".join(TASKS) + " (default: pathfinder; "
-                   "with --check: every task)")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help=", ".join(TASKS) + " (default: pathfinder; with --check: every task)")
     p.add_argument("--data-dir", default="data",
                    help="downloads: lra_release/ unpacked, aclImdb, CIFAR-10")
     p.add_argument("--generate", type=checked.at_least(10), default=None,
@@ -379,9 +364,9 @@ def main(argv=None):
                    help="text, image: validate on the test set, as LRA did")
     p.add_argument("--speed", action="store_true",
                    help="pathfinder tasks: images/s of the generator")
-    p.add_argument("--check", action="store_true",
-                   help="every task: what --data-dir holds against the LRA release's split sizes, "
-                        "what is missing or misplaced, what to do; exit 0 if all found is complete, else 2")
+    p.add_argument("--check", action="store_true", help="every task: what --data-dir holds against "
+                   "the LRA release's split sizes, what is missing or misplaced, what to do; exit "
+                   "0 if all found is complete, else 2")
     p.error = lambda message: (print(f"lra_data.py: error: {checked.flag_message(message)} (python "
                                      f"lra_data.py --help lists the flags)", file=sys.stderr),
                                sys.exit(2))
@@ -389,7 +374,7 @@ def main(argv=None):
     for flag, path in (("--data-dir", args.data_dir), ("--cache-dir", args.cache_dir)):
         if path and Path(path).exists() and not Path(path).is_dir():
             p.error(f"{flag} {path} is a file, not a folder")
-    checking, args.task = args.task, args.task or "pathfinder"        # --check without --task: every task
+    checking, args.task = args.task, args.task or "pathfinder"  # --check without --task: every task
     if args.speed and args.task not in PATHFINDER_TASKS:
         p.error(f"--speed measures the Pathfinder generator: use it with "
                 f"--task {' / '.join(PATHFINDER_TASKS)}")
@@ -399,8 +384,7 @@ def main(argv=None):
         res = TASKS[args.task].side
         contour_length = DIFFICULTIES[args.difficulty].contour_length
         rate = measure_speed(res, contour_length)
-        # speed depends on what else runs: print the load too
-        load_1, load_5, load_15 = os.getloadavg()
+        load_1, load_5, load_15 = os.getloadavg()  # the speed depends on what else runs
         print(f"pathfinder{res} contour {contour_length}: {rate:.1f} images/s per core | load "
               f"average {load_1:.2f} {load_5:.2f} {load_15:.2f} (1/5/15 min, this run included) "
               f"on {os.cpu_count()} CPUs")
@@ -422,8 +406,8 @@ def main(argv=None):
         return 2
     except KeyboardInterrupt:
         print(f"lra_data.py: stopped by {runs.STOP['cause']}; a half-built cache was removed; "
-              f"data being "
-              f"generated is left half made, and the same command completes it", file=sys.stderr)
+              f"data being generated is left half made, and the same command completes it",
+              file=sys.stderr)
         return runs.stop_status()
     return 0
 

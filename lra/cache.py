@@ -7,6 +7,7 @@ valid:  meta.json's stamp = (relative path, size, mtime) of every source file re
         that then replaces the store, so a crash or a second process never leaves half a cache
 check:  stamp, reuse, rebuild, failed builds, read-only data -> tests/test_lra_cache.py (through load: test_lra_data)
 """
+import contextlib
 import errno
 import hashlib
 import json
@@ -61,17 +62,15 @@ def stamp(src, files):
 def write_tokens(store, rows):
     """Stream rows (part, [ids, ...], label) into <part>.tok (uint16) + <part>.off.npy + <part>.y.npy."""
     files, offsets, labels = {}, {}, {}
-    try:
+    with contextlib.ExitStack() as opened:       # every .tok file is closed, also when a reader raises
         for part, docs, label in rows:
             if part not in files:
-                files[part], offsets[part], labels[part] = open(store / f"{part}.tok", "wb"), [0], []
+                files[part] = opened.enter_context(open(store / f"{part}.tok", "wb"))
+                offsets[part], labels[part] = [0], []
             for ids in docs:
                 files[part].write(ids.astype(np.uint16).tobytes())
                 offsets[part].append(offsets[part][-1] + len(ids))
             labels[part].append(label)
-    finally:
-        for f in files.values():
-            f.close()
     for part in files:
         np.save(store / f"{part}.off.npy", np.array(offsets[part], np.int64))    # (n_docs + 1,)
         np.save(store / f"{part}.y.npy", np.array(labels[part], np.int64))       # (n,)
@@ -140,8 +139,7 @@ def cached(store, src, stamp, build, need=None):
     """(sizes of the cached parts, notes). Unless store/meta.json matches the source files, build(folder, notes) runs
     in a private folder that then replaces store, so a crash or a second process never leaves a half-built cache.
     need: the bytes the cache will take, if known, for the message when the disk is too full (DataError)."""
-    if store.parent.is_dir():                   # a killed build of this cache: its folder goes now
-        remove_leftovers(store)
+    remove_leftovers(store)                     # a killed build of this cache: its folder goes now
     meta = read_meta(store)
     if meta.get("version") == CACHE_VERSION and meta.get("source") == str(src) and meta.get("stamp") == stamp:
         if (damage := damaged(store, meta)) is None:

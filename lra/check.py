@@ -1,32 +1,27 @@
 """lra/check.py: what a data folder holds against what each LRA task should hold (python lra_data.py --check).
 expected: the split sizes of the LRA release and of the original datasets, each with where the number comes from
           (EXPECTED; a size no source confirmed says so instead of a number)
-found:    the layout looked for (data_dir, data_dir/lra_release/, data_dir/lra_release/lra_release/, as
-          lra/files.release_path reads), the sizes read (lines, files, pickled rows; no cache is built), and one
-          line per problem (missing split, short split, files one folder level off, a difficulty mix-up) saying
-          what to do
+found:    the layout looked for (under each of lra/files.RELEASE_ROOTS, as release_path reads), the sizes read
+          (lines, files, pickled rows; no cache is built), and one line per problem (missing split, short split,
+          files one folder level off, a difficulty mix-up) saying what to do
 notes:    shortfall_note: the data note of a run on a short release-format split (lra_data.load)
 Check: tests/test_lra_check.py (small files in each official layout: complete, cut, misplaced).
 """
 import fnmatch
 import os
-import pickle
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from lra import files as lra_files
-from lra.files import GENERATED_MARK, read_mark
+from lra.files import GENERATED_MARK, find_imdb, read_mark, release_path
 from lra.pathfinder import DIFFICULTIES
-from lra.files import find_imdb, release_path
 
 LRA_LISTOPS = "google-research/long-range-arena, lra_benchmarks/data/listops.py (its flags' defaults: " \
               "num_train_samples 96000, num_valid_samples 2000, num_test_samples 2000)"
 LRA_APPENDIX = "the LRA task descriptions as a paper's appendix gives them (S5, Smith et al., ICLR 2023); " \
                "not checked against the release's files"
-IMDB = "aclImdb v1 (Maas et al. 2011) as released: 12,500 pos + 12,500 neg reviews per split, counted"
-SPINN = "nyu-mll/spinn's listops-release test_d20s.tsv (the ListOps of Nangia & Bowman 2018): 10,000 lines, " \
-        "counted"
+IMDB = "IMDB (Maas et al. 2011), aclImdb v1 as released: 12,500 pos + 12,500 neg reviews per split, counted"
 CIFAR_PAGE = "CIFAR-10 python batches: data_batch_1..5 and test_batch of 10,000 rows each (docs/data.md, SPEC)"
 NO_SOURCE = "no source found: not confirmed offline"
 
@@ -45,12 +40,12 @@ DOWNLOAD = "download lra_release.gz (google-research/long-range-arena README) an
 EXPECTED = {
     "listops": Expected("listops-1000/basic_{train,val,test}.tsv",
                         {"train": 96_000, "val": 2_000, "test": 2_000}, LRA_LISTOPS,
-                        {"train": None, "test": 10_000}, "original ListOps (Nangia & Bowman 2018), test_d20s.tsv: "
-                        + SPINN + "; its train split: " + NO_SOURCE,
+                        {"train": None, "test": 10_000}, "original ListOps (Nangia & Bowman 2018): nyu-mll/spinn's "
+                        "listops-release test_d20s.tsv, 10,000 lines, counted; its train split: " + NO_SOURCE,
                         f"{DOWNLOAD} DIR, or generate: python lra_data.py --task listops --generate 100000"),
     "text": Expected("aclImdb/{train,test}/{pos,neg}/*.txt or aclImdb*.tar.gz",
                      {"train": 25_000, "test": 25_000}, "LRA uses IMDB's splits as they are: " + LRA_APPENDIX,
-                     {"train": 25_000, "test": 25_000}, "IMDB (Maas et al. 2011): " + IMDB,
+                     {"train": 25_000, "test": 25_000}, IMDB,
                      "download aclImdb_v1.tar.gz (Stanford's Large Movie Review Dataset page) into DIR"),
     "retrieval": Expected("tsv_data/new_aan_pairs.{train,eval,test}.tsv",
                           {"train": 147_086, "val": 18_090, "test": 17_437}, LRA_APPENDIX, {}, "",
@@ -120,11 +115,8 @@ def imdb_counts(src):
     else:
         with tarfile.open(src) as tar:
             names = tar.getnames()
-    counts = {"train": 0, "test": 0}
-    for name in names:
-        if (m := lra_files.IMDB_FILE.search(name)) and m[2] != "unsup":
-            counts[m[1]] += 1
-    return counts
+    splits = [m[1] for name in names if (m := lra_files.IMDB_FILE.search(name)) and m[2] != "unsup"]
+    return {"train": splits.count("train"), "test": splits.count("test")}
 
 
 def cifar_counts(src, problems):
@@ -134,15 +126,15 @@ def cifar_counts(src, problems):
         problems += [f"{src / n} is missing: download {lra_files.CIFAR_TAR} again" for n in missing]
     try:
         return {part: len(labels) for part, (_, labels) in lra_files.cifar_batches(src).items()}
-    except (lra_files.DataError, pickle.UnpicklingError, EOFError, OSError, tarfile.TarError) as e:
+    except (lra_files.DataError, OSError) as e:         # cifar_batches names a damaged pickle or archive
         problems.append(f"{src}: cannot read the batches ({e}): download {lra_files.CIFAR_TAR} again")
         return {}
 
 
 def pathfinder_counts(folder, contour_length, problems, side=None):
-    """{"all": images listed} of a difficulty folder; listed images that are absent, and metadata whose contour
-    length is another difficulty's (a mix-up of folders), are problems."""
-    listed, absent, lengths = 0, 0, set()
+    """{"all": images listed} of a difficulty folder; listed images that are absent, a first image that is not
+    side × side, and metadata whose contour length is another difficulty's (a mix-up of folders) are problems."""
+    listed, absent, lengths, first = 0, 0, set(), None
     for meta in lra_files.metadata_files(folder):
         raw = meta.read_bytes()
         if raw.startswith(b"\x93NUMPY"):
@@ -151,10 +143,9 @@ def pathfinder_counts(folder, contour_length, problems, side=None):
             fields = line.split()
             if len(fields) >= 6:
                 listed += 1
+                first = first or folder / fields[0] / fields[1]      # the image whose size is checked
                 absent += not os.path.exists(folder / fields[0] / fields[1])
                 lengths.add(fields[5])
-    first = next((folder / f[0] / f[1] for meta in lra_files.metadata_files(folder)[:1]
-                  for f in [meta.read_bytes().decode("utf-8", "replace").split()[:2]] if len(f) == 2), None)
     if side and first is not None and first.is_file():
         from PIL import Image
         with Image.open(first) as image:                   # the header only
@@ -187,16 +178,15 @@ def misplaced(data_dir, names, depth=4):
 
 def compare(report, expected):
     """Short splits of release-format files against the release's sizes, as problems."""
+    get = expected.get.replace("DIR", str(report.data_dir))
     for split, n in report.sizes.items():
         want = expected.release.get(split)
         what = "the folder holds" if split == "all" else f"the {split} split holds"
         if want and n < want:
-            report.problems.append(f"{what} {n:,} of the release's {want:,} examples: a cut or partial "
-                                   f"download; {expected.get.replace('DIR', str(report.data_dir))}")
+            report.problems.append(f"{what} {n:,} of the release's {want:,} examples: a cut or partial download; {get}")
         elif want and n > want and not expected.original.get(split) == n:
             report.problems.append(f"{what} {n:,} examples, more than the release's {want:,}: lines or files "
-                                   f"repeated, or another source mixed in; "
-                                   f"{expected.get.replace('DIR', str(report.data_dir))}")
+                                   f"repeated, or another source mixed in; {get}")
 
 
 def check_task(task, data_dir, difficulty="hard"):
@@ -205,15 +195,13 @@ def check_task(task, data_dir, difficulty="hard"):
     rel = {"listops": "listops-1000", "retrieval": "tsv_data"}.get(task)
     if task in SIDE:
         rel = f"pathfinder{SIDE[task]}/{DIFFICULTIES[difficulty].folder}"
-    looked = ([data_dir / p / rel for p in ("", "lra_release", "lra_release/lra_release")] if rel else
+    looked = ([data_dir / root / rel for root in lra_files.RELEASE_ROOTS] if rel else
               [data_dir / "aclImdb", data_dir / "aclImdb*.tar.gz"] if task == "text" else
               [data_dir / "cifar-10-batches-py", data_dir / lra_files.CIFAR_TAR])
     report = Report(task, data_dir, looked)
     try:
-        if task == "text":
-            where = find_imdb(data_dir)
-        else:
-            where = release_path(data_dir, rel) if rel else next((p for p in looked if p.exists()), None)
+        where = (find_imdb(data_dir) if task == "text" else release_path(data_dir, rel) if rel else
+                 next((p for p in looked if p.exists()), None))
     except lra_files.DataError as e:                       # there twice, or no IMDB
         if task != "text":
             report.problems.append(str(e))
@@ -238,7 +226,7 @@ def check_task(task, data_dir, difficulty="hard"):
                                    f"move it there, or point --data-dir at {holds}")
         return report
     report.found = where
-    generated = (where / GENERATED_MARK).exists() if where.is_dir() else False
+    mark = read_mark(where)                                 # None: not generated by lra_data.py
     if task in ("listops", "retrieval"):
         names = ([f"basic_{s}.tsv" for s in ("train", "val", "test")] if task == "listops" else
                  [f"new_aan_pairs.{s}.tsv" for s in ("train", "eval", "test")])
@@ -247,7 +235,7 @@ def check_task(task, data_dir, difficulty="hard"):
                 report.problems.append(f"{where / name} is missing: {exp.get.replace('DIR', str(data_dir))}")
                 continue
             report.sizes[split], header = tsv_rows(where / name)
-            if task == "listops" and not header and not generated:
+            if task == "listops" and not header and mark is None:
                 report.kind = "original ListOps format (label<TAB>expression, read too)"
     elif task == "text":
         report.sizes = imdb_counts(where)
@@ -257,8 +245,7 @@ def check_task(task, data_dir, difficulty="hard"):
         report.sizes = cifar_counts(where, report.problems)
     else:
         report.sizes = pathfinder_counts(where, DIFFICULTIES[difficulty].contour_length, report.problems, SIDE[task])
-    mark = read_mark(where) if generated else None
-    if generated:
+    if mark is not None:
         report.kind = "generated by lra_data.py, not the release"
         asked = mark.get("n") or sum(mark.get(k, 0) for k in ("n_train", "n_val", "n_test"))
         if asked and sum(report.sizes.values()) < asked:
@@ -274,10 +261,8 @@ def check_task(task, data_dir, difficulty="hard"):
 def shortfall_note(task, sizes, folder, difficulty="hard"):
     """The data note of a run reading release-format files with fewer examples than the release has (e.g. a cut
     download), or [] (generated data, a complete split, or no source for the size)."""
-    if Path(folder).is_dir() and (Path(folder) / GENERATED_MARK).exists():
-        return []
-    if task in SIDE and difficulty != "hard":
-        return []                                           # the sizes known are the hard split's
+    if (Path(folder) / GENERATED_MARK).exists() or (task in SIDE and difficulty != "hard"):
+        return []                               # generated; the sizes known are the hard split's
     exp = EXPECTED[task].release
     short = [f"{split} {n:,} of {exp[split]:,}" for split, n in sizes.items()
              if exp.get(split) and n is not None and n < exp[split]]
@@ -317,10 +302,8 @@ def main(data_dir, difficulty="hard", tasks=None):
         try:
             reports.append(check_task(task, data_dir, difficulty))
         except OSError as e:                                # unreadable: named, the other tasks still checked
-            report = Report(task, Path(data_dir), [])
-            report.problems.append(f"cannot read {e.filename or data_dir} ({e.strerror or e}): make it readable "
-                                   f"(chmod u+r), then check again")
-            reports.append(report)
+            reports.append(Report(task, Path(data_dir), [], problems=[f"cannot read {e.filename or data_dir} "
+                                  f"({e.strerror or e}): make it readable (chmod u+r), then check again"]))
     for report in reports:
         print("\n".join(report_lines(report)))
     present = [r for r in reports if r.verdict != "not found"]

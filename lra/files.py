@@ -1,4 +1,4 @@
-"""lra_files.py: the official Long Range Arena files (Tay et al., ICLR 2021) as downloaded -> token ids and pixel rows.
+"""lra/files.py: the official Long Range Arena files (Tay et al., ICLR 2021) as downloaded -> token ids and pixel rows.
 tokens: ids 0-3 = PAD, MASK, EOS, UNK; byte b -> id b + 4; each document ends with EOS (ListOps ids: listops.py)
         Retrieval: AAN pairs (Radev et al. 2013) tsv_data/new_aan_pairs.{train,eval,test}.tsv
         Text: IMDB reviews (Maas et al. 2011), the aclImdb/ folder or aclImdb*.tar.gz, read without unpacking
@@ -46,8 +46,7 @@ def worker_pool(workers, progress=None):
 
 
 def pool_context():
-    """worker_pool's multiprocessing context: fork when this process runs no other thread, else spawn (a shared
-    counter for the pool must come from the same context)."""
+    """worker_pool's multiprocessing context (a shared counter for the pool must come from the same one)."""
     alone = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("fork" if alone else "spawn")
 
@@ -102,12 +101,9 @@ def describe_folder(folder):
     files = [f.relative_to(folder).as_posix() for f in Path(folder).rglob("*") if f.is_file()]
     pngs = sum(f.lower().endswith(".png") for f in files)
     others = [f for f in files if not f.lower().endswith(".png")]
-    what = []
-    if pngs:
-        what.append(f"{pngs:,} PNG file{'s' * (pngs != 1)}")
+    what = [plural(pngs, "PNG file")] if pngs else []
     if others:
-        what.append(f"{len(others):,} other file{'s' * (len(others) != 1)} ({', '.join(others[:3])}"
-                    f"{', ...' * (len(others) > 3)})")
+        what.append(f"{plural(len(others), 'other file')} ({', '.join(others[:3])}{', ...' * (len(others) > 3)})")
     no_metadata = " but no metadata/" if pngs and not (Path(folder) / "metadata").is_dir() else ""
     return f"found {' and '.join(what) or 'no files'}{no_metadata} in {folder}"
 
@@ -152,22 +148,22 @@ def check_output_folder(folder):
 REGET = "download or generate the data again"
 
 
-def open_source(path, mode="rb"):
-    """open(path) of a source file; DataError (one line) if it is missing, a dangling link or unreadable: a read
+def open_source(path):
+    """open(path, "rb") of a source file; DataError (one line) if it is missing, a dangling link or unreadable: a read
     error is never reported as a failed write of the cache."""
     try:
-        return open(path, mode)
+        return open(path, "rb")
     except OSError as e:
         raise DataError(f"cannot read {path} ({e.strerror or e}): {REGET}") from None
 
 
 def read_source(path):
-    """The bytes of a source file (open_source's checks)."""
-    with open_source(path) as f:
-        try:
+    """The bytes of a source file; DataError as open_source's, also for an I/O error halfway (a failing disk)."""
+    try:
+        with open(path, "rb") as f:
             return f.read()
-        except OSError as e:                     # an I/O error halfway (a failing disk, a network mount)
-            raise DataError(f"cannot read {path} ({e.strerror or e}): {REGET}") from None
+    except OSError as e:
+        raise DataError(f"cannot read {path} ({e.strerror or e}): {REGET}") from None
 
 
 def byte_ids(data: bytes, max_len):            # -> uint16 (≤ max_len,): byte b -> b + 4, then EOS
@@ -394,14 +390,15 @@ def unfinished_batches(out, params):
     return [k for k in range(-(-n // per_batch)) if not (out / "metadata" / f"{k}.npy").exists()]
 
 
+RELEASE_ROOTS = ("", "lra_release", "lra_release/lra_release")     # where under data_dir the release is read
+
+
 def release_path(data_dir, rel):  # data_dir/rel or the unpacked release data_dir/lra_release/rel
-    candidates = [data_dir / rel, data_dir / "lra_release" / rel,
-                  data_dir / "lra_release" / "lra_release" / rel]
+    candidates = [data_dir / root / rel for root in RELEASE_ROOTS]
     found = [c for c in candidates if c.exists()]
     if len(found) > 1:
-        raise DataError(f"{rel} is there twice, {found[0]} and {found[1]}; which one to read is "
-                        f"not clear: move or delete one of them (or point --data-dir at the "
-                        f"folder that holds the one you mean)")
+        raise DataError(f"{rel} is there twice, {found[0]} and {found[1]}; which one to read is not clear: move or "
+                        f"delete one of them (or point --data-dir at the folder that holds the one you mean)")
     return found[0] if found else candidates[0]
 
 
@@ -409,12 +406,9 @@ def find_imdb(data_dir):
     for root in (data_dir / "aclImdb", data_dir):  # the unpacked folder, or data_dir is that folder
         if all((root / s / lab).is_dir() for s in ("train", "test") for lab in ("pos", "neg")):
             return root
-    tars = sorted(data_dir.glob("aclImdb*.tar.gz"),
-                  key=lambda p: (p.name != "aclImdb_v1.tar.gz", p.name))
+    tars = sorted(data_dir.glob("aclImdb*.tar.gz"), key=lambda p: (p.name != "aclImdb_v1.tar.gz", p.name))
     if tars:
         return tars[0]
-    raise DataError(f"no IMDB reviews: looked for "
-                    f"{data_dir / 'aclImdb'}/{{train,test}}/{{pos,neg}}/, "
-                    f"{data_dir}/{{train,test}}/{{pos,neg}}/ and {data_dir}/aclImdb*.tar.gz; "
-                    f"download aclImdb_v1.tar.gz from Stanford's Large Movie Review Dataset "
-                    f"(aclImdb) page into {data_dir}")
+    raise DataError(f"no IMDB reviews: looked for {data_dir / 'aclImdb'}/{{train,test}}/{{pos,neg}}/, "
+                    f"{data_dir}/{{train,test}}/{{pos,neg}}/ and {data_dir}/aclImdb*.tar.gz; download "
+                    f"aclImdb_v1.tar.gz from Stanford's Large Movie Review Dataset (aclImdb) page into {data_dir}")

@@ -20,7 +20,6 @@ from lra.files import (EOS, GENERATED_MARK, N_SPECIAL, REGET, DataError, check_o
 LISTOPS_SYMBOLS = [str(d) for d in range(10)] + ["[MIN", "[MAX", "[MED", "[SM", "]"]
 LISTOPS_ID = {s: N_SPECIAL + i for i, s in enumerate(LISTOPS_SYMBOLS)}     # "0" -> 4 ... "]" -> 18
 LISTOPS_OPS = {"[MIN": min, "[MAX": max, "[MED": lambda a: int(statistics.median(a)), "[SM": lambda a: sum(a) % 10}
-LISTOPS_OP_NAMES = tuple(LISTOPS_OPS)
 MAX_DEPTH, MAX_ARGS = 10, 10          # LRA's trees: at most 10 deep, 2..10 arguments per operator
 
 
@@ -58,7 +57,7 @@ def _listops_tree(rng, depth):
     if depth >= MAX_DEPTH or rng.random() > 0.25:            # a digit leaf with prob. 0.75, always at max_depth
         v = rng.randrange(10)
         return str(v), v, 1
-    op = rng.choice(LISTOPS_OP_NAMES)
+    op = rng.choice(tuple(LISTOPS_OPS))
     kids = [_listops_tree(rng, depth + 1) for _ in range(rng.randint(2, MAX_ARGS))]
     # LRA nests ((op, a1), a2) ... then (…, "]"): "( ( ( [MAX 2 ) 9 ) ] )" for [MAX 2 9 ]
     s = "( " * (len(kids) + 1) + op + " " + " ) ".join(k[0] for k in kids) + " ) ] )"
@@ -123,7 +122,7 @@ def _read_listops(path, max_len, notes):
     """Rows (ids uint16 (≤ max_len,), label) of an LRA ListOps TSV (`expr\\tlabel`, header Source\\tTarget) or an
     original one (`label\\texpr`, Nangia & Bowman 2018). Raises DataError naming file and line."""
     blank, cut = 0, 0
-    with open_source(path, "rb") as f:
+    with open_source(path) as f:
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8").rstrip("\r\n")

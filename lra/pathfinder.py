@@ -428,13 +428,6 @@ def _write_batch(job, on_item=tick):
     return len(labels)
 
 
-def pathfinder_folder(root, res, contour_length):
-    """root/pathfinder{res}/<the release's folder name of that contour length>."""
-    name = next((d.folder for d in DIFFICULTIES.values() if d.contour_length == contour_length),
-                f"curv_contour_length_{contour_length}")
-    return Path(root) / f"pathfinder{res}" / name
-
-
 def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers=1, per_batch=1000):
     """Write n images, labels exactly balanced and shuffled, as root/pathfinder{res}/<difficulty folder>/{imgs/<k>/
     sample_<j>.png (uint8 res × res), metadata/<k>.npy (text)}, the LRA release layout; returns that folder.
@@ -446,14 +439,16 @@ def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers
     if res not in PARAMS or contour_length < 3:
         raise ValueError(f"pathfinder generator: res must be one of {sorted(PARAMS)} and contour_length >= 3, "
                          f"got res={res}, contour_length={contour_length}")
-    out = pathfinder_folder(root, res, contour_length)
+    name = next((d.folder for d in DIFFICULTIES.values() if d.contour_length == contour_length),
+                f"curv_contour_length_{contour_length}")           # the release's folder of that contour length
+    out = Path(root) / f"pathfinder{res}" / name
     check_output_folder(out)
     params = dict(res=res, n=n, contour_length=contour_length, seed=seed, per_batch=per_batch)
     mark = read_mark(out)
     labels = [j % 2 for j in range(n)]
     random.Random(f"pathfinder/{seed}/{res}/{contour_length}/labels").shuffle(labels)
     jobs = [(out, res, contour_length, seed, k, labels[j:j + per_batch]) for k, j in enumerate(range(0, n, per_batch))]
-    fresh = mark is None
+    fresh = mark is None and not (out.is_dir() and any(out.iterdir()))     # a failure gives back what it wrote
     if mark is not None and {**dict(per_batch=1000), **mark} == params:     # ours, same run: complete it
         todo = unfinished_batches(out, params)
         for k in todo:                                   # an unfinished batch of ours: its files are made again
@@ -465,7 +460,6 @@ def generate_pathfinder(root, res=32, n=1000, contour_length=14, seed=0, workers
         targets += [out / "imgs" / str(j // per_batch) / f"sample_{j % per_batch}.png" for j in range(n)]   # and later
         if existing := next((t for t in targets if t.exists()), None):
             raise _exists(existing, out)
-        fresh = fresh and not (out.is_dir() and any(out.iterdir()))
         made = next((p for p in (out.parent, out) if not p.exists()), None)     # what a failure gives back
         (out / "metadata").mkdir(parents=True, exist_ok=True)
         write_mark(out, "generate_pathfinder", params)

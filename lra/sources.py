@@ -17,15 +17,10 @@ from lra import cache as lra_cache
 from lra import check
 from lra import files as lra_files
 from lra import listops, pathfinder
-from lra.files import GENERATED_MARK, DataError, describe_folder, find_imdb, read_mark, release_path  # noqa: F401
+from lra.files import GENERATED_MARK, DataError, describe_folder, find_imdb, read_mark, release_path
 from lra.pathfinder import DIFFICULTIES
 
-LRA_DOWNLOAD = ("download lra_release.gz from the LRA GitHub repo google-research/long-range-arena "
-                "and unpack it into")
-
-
 # ---------------------------------------------------------------- cache builders
-
 
 def build_pathfinder(folder, side, workers, paths, labels, store):
     if not paths:
@@ -40,16 +35,11 @@ def build_pathfinder(folder, side, workers, paths, labels, store):
 def build_cifar(src, store):
     sizes = {}
     for part, (data, labels) in lra_files.cifar_batches(src).items():
-        sizes.update(lra_cache.write_pixels(store, part, labels, 1024,
-                                            [lra_files.cifar_gray(data)]))
+        sizes.update(lra_cache.write_pixels(store, part, labels, 1024, [lra_files.cifar_gray(data)]))
     return sizes
 
 
-# ---------------------------------------------------------------- dataset, collate
-
-
 # ------------------------------------------------------------ finding (or generating) the source
-
 
 def source_text(folder):
     if (folder / GENERATED_MARK).exists():
@@ -72,13 +62,12 @@ def generate_into(make, folder, *args, **kw):
 
 
 def half_made(task, folder, total, done, data_dir, difficulty):
-    """The error for a generated folder that holds `done` of the `total` examples its mark
-    records."""
+    """The error for a generated folder that holds `done` of the `total` examples its mark records."""
     again = f"python lra_data.py --task {task} --data-dir {data_dir} --generate {total}" + \
         f" --difficulty {difficulty}" * (task != "listops")
-    return DataError(f"{folder} holds {done:,} of the {total:,} examples its generator was asked "
-                     f"for (a run stopped half way; it is never trained on): complete it with "
-                     f"{again}, or delete {folder}")
+    return DataError(f"{folder} holds {done:,} of the {total:,} examples its generator was asked for "
+                     f"(a run stopped half way; it is never trained on): complete it with {again}, or "
+                     f"delete {folder}")
 
 
 def locate_listops(data_dir, generate):
@@ -105,11 +94,10 @@ def locate_listops(data_dir, generate):
                         f"empty folder (--data-dir <empty folder>)")
     if generate:
         n_eval = max(1, generate // 50)  # 96000/2000/2000 for --generate 100000
-        folder = generate_into(listops.generate_listops, folder, folder.parent,
-                           generate - 2 * n_eval, n_eval, n_eval)
-        return folder, files
+        return generate_into(listops.generate_listops, folder, folder.parent, generate - 2 * n_eval,
+                             n_eval, n_eval), files
     missing = next(f for f in files if not f.exists())
-    raise DataError(f"no ListOps file {missing} (also looked under lra_release/); {LRA_DOWNLOAD} "
+    raise DataError(f"no ListOps file {missing} (also looked under lra_release/); {check.DOWNLOAD} "
                     f"{data_dir}, or generate data: python lra_data.py --task listops "
                     f"--data-dir {data_dir} --generate 100000")
 
@@ -132,8 +120,7 @@ def locate_pathfinder(task, side, data_dir, difficulty, generate, workers):
             per_batch = mark.get("per_batch", 1000)
             done = mark["n"] - sum(min(per_batch, mark["n"] - k * per_batch) for k in todo)
             raise half_made(task, folder, mark["n"], done, data_dir, difficulty)
-        generate_into(pathfinder.generate_pathfinder, folder, folder.parents[1], workers=workers,
-                  **mark)
+        generate_into(pathfinder.generate_pathfinder, folder, folder.parents[1], workers=workers, **mark)
     if not lra_files.metadata_files(folder):
         if signs := looks_like_a_pathfinder_folder(data_dir):
             raise DataError(f"--data-dir {data_dir} holds {signs}: it looks like a Pathfinder "
@@ -145,15 +132,14 @@ def locate_pathfinder(task, side, data_dir, difficulty, generate, workers):
             print(f"generating {generate:,} {task} images into {folder}: about "
                   f"{generate / per_core / workers / 60:.1f} min on {workers} cores "
                   f"({per_core:g} images/s per core, measured on a CPU here)", flush=True)
-            folder = generate_into(pathfinder.generate_pathfinder, folder, folder.parents[1],
-                                   res=side,
-                               n=generate, contour_length=DIFFICULTIES[difficulty].contour_length,
-                               seed=0, workers=workers)
+            folder = generate_into(pathfinder.generate_pathfinder, folder, folder.parents[1], res=side,
+                                   n=generate, contour_length=DIFFICULTIES[difficulty].contour_length,
+                                   seed=0, workers=workers)
     if not lra_files.metadata_files(folder):
         found = f"; {describe_folder(folder)}" if folder.is_dir() else ""
         into = "<empty folder>" if found and not (folder / GENERATED_MARK).exists() else data_dir
         raise DataError(f"no {task} files: looked for {folder / 'metadata'}/*.npy (also under "
-                        f"lra_release/){found}; {LRA_DOWNLOAD} {data_dir}, or generate data: "
+                        f"lra_release/){found}; {check.DOWNLOAD} {data_dir}, or generate data: "
                         f"python lra_data.py --task {task} --data-dir {into} "
                         f"--difficulty {difficulty} --generate 200000")
     paths, labels, index_notes = lra_files.pathfinder_index(folder, side)
@@ -167,53 +153,45 @@ def locate_pathfinder(task, side, data_dir, difficulty, generate, workers):
 def locate(task, spec, data_dir, difficulty, generate, workers):
     """Task `task` (spec: its lra_data.TASKS entry) -> (source folder or file, description, files
     read (for the cache's stamp), build(store, notes) -> sizes). Raises DataError (one line)."""
-    max_len = spec.max_len
-    if task == "listops":
-        folder, files = locate_listops(data_dir, generate)
-        build = lambda store, notes: lra_cache.write_tokens(
-            store, listops.listops_rows(folder, max_len, notes))
-        return folder, source_text(folder), files, build
-    if task == "retrieval":
-        folder = release_path(data_dir, "tsv_data")
-        files = [folder / f"new_aan_pairs.{p}.tsv" for p in ("train", "eval", "test")]
-        if missing := [f for f in files if not f.exists()]:
-            raise DataError(f"no retrieval file {missing[0]} (also looked under lra_release/); "
-                            f"{LRA_DOWNLOAD} {data_dir}")
-        build = lambda store, notes: lra_cache.write_tokens(
-            store, lra_files.aan_rows(folder, max_len, notes))
-        return folder, source_text(folder), files, build
-    if task == "text":
-        src = find_imdb(data_dir)
-        build = lambda store, notes: lra_cache.write_tokens(
-            store, lra_files.imdb_rows(src, max_len, notes))
-        return src, f"IMDB (Maas et al. 2011) at {src}", lra_files.imdb_files(src), build
     if task == "image":
         tar = lra_files.CIFAR_TAR
-        src = next((p for p in (data_dir / "cifar-10-batches-py", data_dir / tar) if p.exists()),
-                   None)
+        src = next((p for p in (data_dir / "cifar-10-batches-py", data_dir / tar) if p.exists()), None)
         if src is None:
             raise DataError(f"no CIFAR-10: looked for {data_dir / 'cifar-10-batches-py'}/ and "
                             f"{data_dir / tar}; download {tar} from Krizhevsky's CIFAR-10 page "
                             f"into {data_dir}")
         build = lambda store, notes: build_cifar(src, store)
         return src, f"CIFAR-10 python batches at {src}", lra_files.cifar_files(src), build
-    folder, files, build = locate_pathfinder(task, spec.side, data_dir, difficulty, generate,
-                                             workers)
-    return folder, source_text(folder), files, build
+    if spec.kind == "pixels":                                       # Pathfinder / PathX
+        folder, files, build = locate_pathfinder(task, spec.side, data_dir, difficulty, generate, workers)
+        return folder, source_text(folder), files, build
+    if task == "listops":                       # the token tasks: a reader's rows stream into the cache
+        folder, files = locate_listops(data_dir, generate)
+        rows = listops.listops_rows
+    elif task == "retrieval":
+        folder = release_path(data_dir, "tsv_data")
+        files = [folder / f"new_aan_pairs.{p}.tsv" for p in ("train", "eval", "test")]
+        if missing := [f for f in files if not f.exists()]:
+            raise DataError(f"no retrieval file {missing[0]} (also looked under lra_release/); "
+                            f"{check.DOWNLOAD} {data_dir}")
+        rows = lra_files.aan_rows
+    else:
+        folder = find_imdb(data_dir)
+        files, rows = lra_files.imdb_files(folder), lra_files.imdb_rows
+    build = lambda store, notes: lra_cache.write_tokens(store, rows(folder, spec.max_len, notes))
+    source = f"IMDB (Maas et al. 2011) at {folder}" if task == "text" else source_text(folder)
+    return folder, source, files, build
 
 
 def count_note(task, folder, sizes, generate, difficulty):
-    """A note when --generate asked for another number of examples than the folder holds
-    (nothing is replaced)."""
+    """A note when --generate asked for another number of examples than the folder holds (nothing is replaced)."""
     total = sum(sizes.values())
-    synthetic = ("listops", "pathfinder", "pathx", "pathx256")
-    if not generate or total == generate or task not in synthetic:
+    if not generate or total == generate or task not in ("listops", "pathfinder", "pathx", "pathx256"):
         return []
     parts = f" ({' / '.join(f'{v:,}' for v in sizes.values())})" if len(sizes) > 1 else ""
     if not (folder / GENERATED_MARK).exists():
         return [f"--generate {generate:,} ignored: {folder} holds {total:,} examples{parts} "
-                f"not made "
-                f"by this repo's generators, read as they are (never replaced)"]
+                f"not made by this repo's generators, read as they are (never replaced)"]
     again = f"python lra_data.py --task {task} --data-dir <empty folder> --generate {generate}" + \
         f" --difficulty {difficulty}" * (task != "listops")
     return [f"{folder} holds {total:,} generated examples{parts}, not the {generate:,} asked for, "
