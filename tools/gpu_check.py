@@ -8,7 +8,8 @@ exits. Runs without git (commit "unknown").
 parts, in order (PARTS; each part's docstring and docs/gpu.md say more):
   tf32      (a) torch's TF32 state after each --precision choice and inside the kernel guard (ssm.set_tf32)
   kernels   (b) the PathX paper layer's S4 NPLR, S4D, DLR kernels against float64, TF32 allowed and guarded
-  main      (c) 20 steps of the main command under torch.cuda.set_sync_debug_mode("error"): step time, peak memory
+  main      (c) 20 steps of the main command, its process under torch.cuda.set_sync_debug_mode("warn"): step time,
+                peak memory, host-device syncs per step and where
   largest   (d) one training step of the three largest paper presets: peak against the plan's estimate
   attention (e) the paper Transformer's attention at PathX's length under SDPA limited to flash / memory-efficient
   compile   (f) --compile: graphs compiled, frames that fell back to eager, graph breaks
@@ -245,15 +246,21 @@ def main_flags(check, steps_, extra=()):
     return [str(f) for f in flags], max(-(-n_train * 10 // 8), 10 * max_eval, 20)
 
 
-RUN_MAIN = """import json, sys
+RUN_MAIN = """import collections, json, sys, torch, warnings
 import train
 from lab import hardware
 from lab.memory import memory_mib
 hardware.COMPILE_BACKEND = sys.argv[2]              # the check's backend for --compile
 memory_mib(sys.argv[1], "now", reset=True)
-res = train.main(sys.argv[3:])
+if torch.cuda.is_available() and sys.argv[1].startswith("cuda"):
+    torch.cuda.set_sync_debug_mode("warn")          # here, in the run's own process: every host-device sync warns
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    res = train.main(sys.argv[3:])
+syncs = collections.Counter(f"{w.filename}:{w.lineno}" for w in seen if "synchroniz" in str(w.message))
 peak = {k: memory_mib(sys.argv[1], k) for k in ("peak", "reserved_peak")}
-print("RESULT " + json.dumps(dict(results=res, peak=peak), default=str), flush=True)
+print("RESULT " + json.dumps(dict(results=res, peak=peak, syncs=dict(syncs.most_common(8)),
+                                  n_syncs=sum(syncs.values())), default=str), flush=True)
 """
 
 
@@ -273,7 +280,7 @@ def run_main(check, flags, n, backend=None):
     if child.returncode or not found:
         raise SystemExit((err.strip().splitlines() or [f"train.py exited {child.returncode}"])[-1])
     done = json.loads(found[-1])
-    res, peak = done["results"], done["peak"]
+    res, peak = done["results"], dict(done["peak"], syncs=done["syncs"], n_syncs=done["n_syncs"])
     run_dir = Path(res["run_dir"])
     for name in ("spt.pt", "best.pt", "last.pt"):                   # the run's own checkpoints: this run made them
         (run_dir / name).unlink(missing_ok=True)
@@ -282,30 +289,22 @@ def run_main(check, flags, n, backend=None):
 
 
 def main_part(check):
-    """(c) The main command, main_steps SPT and fine-tuning steps, under torch.cuda.set_sync_debug_mode("error"): a
-    host-device synchronisation inside a step is an error (the loop reads the device once per PROGRESS_STEPS)."""
+    """(c) The main command, main_steps SPT and fine-tuning steps, its process under
+    torch.cuda.set_sync_debug_mode("warn"): every host-device synchronisation is counted by its line of code (the
+    loop reads the device once per PROGRESS_STEPS and at evaluations; more than that per step is a stall)."""
     flags, n = main_flags(check, check.scale["main_steps"])
-    with sync_debug_mode("error") if check.cuda() else contextlib.nullcontext():
-        res, config, records, peak = run_main(check, flags, n)
+    res, config, records, peak = run_main(check, flags, n)
     spt = [r for r in records if r.get("phase") == "spt"]
     ft = [r for r in records if r.get("phase") == "finetune"]
-    return dict(sync_debug_mode="error" if check.cuda() else "not CUDA: no sync debug mode",
+    return dict(sync_debug_mode="warn, counted" if check.cuda() else "not CUDA: no sync debug mode",
+                syncs=peak["n_syncs"], syncs_per_step=peak["n_syncs"] / max(1, spt[-1]["step"] + ft[-1]["step"]),
+                sync_sites=peak["syncs"],
                 precision=config["args"]["precision"], spt_steps=spt[-1]["step"], finetune_steps=ft[-1]["step"],
                 spt_s_per_step=spt[-1]["elapsed_s"] / max(1, spt[-1]["step"]),
                 finetune_s_per_step=ft[-1]["elapsed_s"] / max(1, ft[-1]["step"]),
                 peak_mib=peak["peak"], reserved_mib=peak["reserved_peak"], memory_plan=config.get("memory_plan"),
                 pretrain_batch_size=config["args"]["pretrain_batch_size"], batch_size=config["args"]["batch_size"],
                 test_acc=res["test_acc"], images=check.data["pathx"])
-
-
-@contextlib.contextmanager
-def sync_debug_mode(mode):
-    old = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode(mode)
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(old)
 
 
 def largest_presets(n=3):

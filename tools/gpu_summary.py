@@ -82,7 +82,8 @@ def summary_lines(check):
                            f"{r['forward_error']:.1e}", f"{r['grad_error']:.1e}"] for r in parts["kernels"]["rows"]])]
     if main := ok.get("main"):
         lines += ["", "## (c) the main command", "",
-                  f"sync debug mode: {main['sync_debug_mode']}; precision {main['precision']}; SPT {main['spt_steps']} "
+                  f"sync debug mode: {main['sync_debug_mode']} ({main['syncs']} syncs, {main['syncs_per_step']:.2f} a "
+                  f"step; where: {main['sync_sites'] or 'none'}); precision {main['precision']}; SPT {main['spt_steps']} "
                   f"steps at {1e3 * main['spt_s_per_step']:.0f} ms/step (batch {main['pretrain_batch_size']}), "
                   f"fine-tuning {main['finetune_steps']} at {1e3 * main['finetune_s_per_step']:.0f} ms/step (batch "
                   f"{main['batch_size']}), evaluation included; peak {main['peak_mib']:.0f} MiB"
