@@ -15,7 +15,7 @@ mkdir -p "$DATA" "$OUT"
 # ListOps: LRA's generator with shorter expressions (20 < length < 100, like the original ListOps, median 46 tokens)
 # instead of LRA's 500..2000: at LRA length a CPU-sized model stays at the majority class for the whole budget.
 if [ ! -f "$DATA/listops/listops-1000/basic_test.tsv" ]; then
-    python -c "import lra_data; lra_data.generate_listops('$DATA/listops', 20000, 1000, 1000, seed=0,
+    python -c "from lra.listops import generate_listops; generate_listops('$DATA/listops', 20000, 1000, 1000, seed=0,
                min_length=20, max_length=100)"
 fi
 

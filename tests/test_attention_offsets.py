@@ -92,6 +92,27 @@ def test_a_run_folder_gives_attention_json_for_spt_and_best(tmp_path):
             # rounding differs between CPU models: 1.2e-9 off on an Intel Xeon), so float32's tolerance, not float64's
             assert math.isclose(sum(map(sum, layer["mass_by_offset"])), len(layer["mean_distance"]), rel_tol=1e-6)
     assert (tmp_path / "cell.png").stat().st_size > 1000
+    ao.main([str(run_dir), "--plot", str(tmp_path / "cell.png"), "--max-examples", "4"])   # its own files: rewritten
+    assert json.loads((run_dir / "attention.json").read_text())["checkpoints"]["best.pt"]["queries"] < \
+        saved["checkpoints"]["best.pt"]["queries"]
+
+
+def test_attention_json_and_the_plot_never_replace_a_users_file_and_are_refused_before_the_analysis(tmp_path, capsys,
+                                                                                                    monkeypatch):
+    generate_listops(tmp_path, 200, 40, 40, min_length=30, max_length=200)
+    _, run_dir = run(tmp_path, tmp_path / "runs", "--model", "transformer", "--task", "listops", "--epochs", "1")
+    monkeypatch.setattr(ao, "analyse_run", lambda *a: pytest.fail("analysed before refusing"))
+    for mine, argv in ((run_dir / "attention.json", [str(run_dir)]),
+                       (tmp_path / "mine.png", [str(run_dir), "--plot", str(tmp_path / "mine.png")])):
+        mine.write_text("the user's")
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            ao.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and f"{mine} exists and tools/attention_offsets.py did not" in err[0]
+        assert mine.read_text() == "the user's"
+        if mine.name == "attention.json":
+            mine.unlink()
 
 
 

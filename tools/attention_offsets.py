@@ -142,7 +142,8 @@ def analyse_run(folder, max_examples=0, batch_size=16):
         raise SystemExit(f"attention_offsets.py: {folder} has no best.pt (keep the run's checkpoints: "
                          "results/why_spt.py does)")
     result = dict(run=folder.name, pos=pos, spt=bool(ck["args"]["spt"]), seed=ck["args"]["seed"], checkpoints=found)
-    checked.write_whole(folder / "attention.json", json.dumps(result, indent=1) + "\n")   # a full disk keeps the old
+    checked.write_owned(folder / "attention.json", json.dumps(result, indent=1) + "\n",   # whole, over its own only
+                        "tools/attention_offsets.py")
     return result
 
 
@@ -191,8 +192,10 @@ def plot(results, path, labels=None):
     axes[-1].set(title="layer 1, position code alone", xlabel="offset |i − j|", ylabel="mean score q·k/√hs")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.16, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:                                                      # whole, over a figure of its own only
+        checked.write_owned(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110), "tools/attention_offsets.py")
+    finally:
+        plt.close(fig)
 
 
 def main(argv=None):
@@ -204,6 +207,10 @@ def main(argv=None):
     p.error = lambda m: (print(f"attention_offsets.py: error: {checked.flag_message(m)}", file=sys.stderr),
                          sys.exit(2))
     args = p.parse_args(argv)
+    taken = [Path(f) / "attention.json" for f in args.runs] + ([Path(args.plot)] if args.plot else [])
+    if theirs := [str(f) for f in taken if not checked.owned(f)]:         # before an hour of analysis, not after
+        p.error(f"{theirs[0]} exists and tools/attention_offsets.py did not write it: it is left untouched; move it "
+                "away (or pass another --plot)")
     try:
         results = [analyse_run(folder, args.max_examples, args.batch_size) for folder in args.runs]
     except lra_data.DataError as e:                 # the run's data moved or gone: refused, never substituted
