@@ -42,7 +42,8 @@ EXPECTED = {
                         {"train": 96_000, "val": 2_000, "test": 2_000}, LRA_LISTOPS,
                         {"train": None, "test": 10_000}, "original ListOps (Nangia & Bowman 2018): nyu-mll/spinn's "
                         "listops-release test_d20s.tsv, 10,000 lines, counted; its train split: " + NO_SOURCE,
-                        f"{DOWNLOAD} DIR, or generate: python lra_data.py --task listops --generate 100000"),
+                        f"{DOWNLOAD} DIR, or generate: python lra_data.py --task listops --data-dir DIR "
+                        "--generate 100000"),
     "text": Expected("aclImdb/{train,test}/{pos,neg}/*.txt or aclImdb*.tar.gz",
                      {"train": 25_000, "test": 25_000}, "LRA uses IMDB's splits as they are: " + LRA_APPENDIX,
                      {"train": 25_000, "test": 25_000}, IMDB,
@@ -57,14 +58,16 @@ EXPECTED = {
     "pathfinder": Expected("pathfinder32/curv_contour_length_14/metadata/*.npy + imgs/",
                            {"all": 200_000}, "160,000 / 20,000 / 20,000 examples: " + LRA_APPENDIX
                            + "; split 80/10/10 at random, seed 42, as state-spaces/s4 src/dataloaders/lra.py",
-                           {}, "", f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathfinder "
+                           {}, "", f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathfinder --data-dir DIR "
                            "--generate 200000"),
     "pathx": Expected("pathfinder128/curv_contour_length_14/metadata/*.npy + imgs/", {"all": None},
                       NO_SOURCE + " (the release's image count for 128 px)", {}, "",
-                      f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathx --generate 200000"),
+                      f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathx --data-dir DIR "
+                      "--generate 200000"),
     "pathx256": Expected("pathfinder256/curv_contour_length_14/metadata/*.npy + imgs/", {"all": None},
                          NO_SOURCE + " (the release's image count for 256 px)", {}, "",
-                         f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathx256 --generate 200000"),
+                         f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathx256 --data-dir DIR "
+                         "--generate 200000"),
 }
 SIDE = {"pathfinder": 32, "pathx": 128, "pathx256": 256}
 

@@ -201,6 +201,22 @@ def test_check_with_a_task_reports_that_task_only(tmp_path):
     assert listops.returncode == 0 and "listops: complete" in listops.stdout and "text" not in listops.stdout.lower()
 
 
+def test_the_advice_for_an_empty_folder_names_that_folder_and_its_generate_command_fills_it(tmp_path, capsys):
+    import shlex
+    data = tmp_path / "my data"
+    data.mkdir()
+    assert check.main(str(data)) == 2
+    advice = [line.split("to get it: ", 1)[1] for line in capsys.readouterr().out.splitlines() if "to get it: " in line]
+    assert len(advice) == len(check.EXPECTED) and all(f"into {data}" in a for a in advice), advice
+    generate = [shlex.split(a.split("generate: ", 1)[1].replace(str(data), shlex.quote(str(data))))
+                for a in advice if "generate: " in a]
+    assert len(generate) == 4 and all(g[g.index("--data-dir") + 1] == str(data) for g in generate), generate
+    listops = next(g for g in generate if "listops" in g)
+    listops[listops.index("--generate") + 1] = "40"                       # the advice's command, at a test's size
+    subprocess.run(listops, cwd=REPO, check=True, capture_output=True, timeout=120)
+    assert check.main(str(data), tasks=["listops"]) == 0 and "listops: not found" not in capsys.readouterr().out
+
+
 def test_a_split_holding_every_line_twice_is_named_as_surplus_not_complete(small_release, tmp_path):
     write_all(tmp_path)
     train = tmp_path / "lra_release" / "listops-1000" / "basic_train.tsv"
