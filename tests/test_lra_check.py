@@ -133,7 +133,7 @@ def test_a_cut_split_is_named_with_its_size_and_what_to_do_and_exits_2(small_rel
     assert report.problems == [f"the {split} split holds {want - 1:,} of the release's {want:,} examples: a cut or "
                                f"partial download; download lra_release.gz (google-research/long-range-arena "
                                f"README) and unpack it (tar xzf) into {tmp_path}, or generate: python lra_data.py "
-                               f"--task listops --generate 100000"], report.problems
+                               f"--task listops --data-dir {tmp_path} --generate 100000"], report.problems
     assert check.main(tmp_path) == 2
 
 
