@@ -143,9 +143,10 @@ class Phase:
 def training_case(phase, B):
     """(build, forward) of one training step of train.py's model on a random clean batch of full length L, through
     the step's own functions (models.batch_functions: the objective's corruption and loss for spt, the labelled
-    batch and the one loss for finetune), so the estimate holds the run's own objective (rtd: its generator too).
-    phase: a Phase (its precision is not read here). Token tasks take the padded path (lengths given, all real: the
-    larger case), pixel tasks are never padded (padded None). Retrieval: two documents per example, so 2·B sequences."""
+    batch and the one loss for finetune), so the estimate holds the run's own objective (rtd: its generator
+    too). phase: a Phase (its precision is not read here). Token tasks take the padded path (lengths given, all
+    real: the larger case), pixel tasks are never padded (padded None). Retrieval: two documents per example, so 2·B
+    sequences."""
     model_name, task, L, flags = phase.model_name, phase.task, phase.L, phase.flags
     spec, cfg = lra_data.TASKS[task], presets.config_for(model_name, task, phase.values)
     objective = phase.objective or next(iter(models.OBJECTIVES))                  # --objective's default, the paper's
@@ -216,7 +217,7 @@ def accum_to_fit(model_name, task, phase, precision="bf16"):
 def memory_table():
     """Every --preset paper model × task × phase in both precisions, with the accum_steps that fit in bf16."""
     rows = []
-    paper = [m for m, entry in models.MODELS.items() if presets.paper_of(m, entry)]       # a model without paper values: no row
+    paper = [m for m, entry in models.MODELS.items() if presets.paper_of(m, entry)]   # without paper values: no row
     for model_name, task, phase in [(m, t, p) for m in paper for t in lra_data.TASKS for p in PHASES]:
         est = {precision: paper_memory(model_name, task, phase, precision) for precision in PRECISIONS}
         keep = ("n_params", "L", "batch", "accum_steps", "micro_batch")
@@ -365,7 +366,7 @@ def table(header, rows):
 
 
 def memory_lines(res):
-    """The markdown of `python tools/bench.py --memory`: res["memory"] (memory_table) and res["check"] (memory_check)."""
+    """The markdown of `python tools/bench.py --memory`: res["memory"] (memory_table), res["check"] (memory_check)."""
     yes = lambda ok: "yes" if ok else "NO"  # noqa: E731
     lines = ["Peak memory of one --preset paper training step at the task's full length, estimated: 4 × parameter "
              "bytes (weights, gradients, AdamW) + the most bytes live at once in forward + backward, counted on fake "

@@ -109,7 +109,7 @@ def test_attention_json_and_the_plot_never_replace_a_users_file_and_are_refused_
         with pytest.raises(SystemExit) as e:
             ao.main(argv)
         err = capsys.readouterr().err.strip().splitlines()
-        assert e.value.code == 2 and len(err) == 1 and f"{mine} exists and tools/attention_offsets.py did not" in err[0]
+        assert e.value.code == 2 and len(err) == 1 and f"{mine} exists and is not in" in err[0]
         assert mine.read_text() == "the user's"
         if mine.name == "attention.json":
             mine.unlink()

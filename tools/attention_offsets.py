@@ -207,10 +207,12 @@ def main(argv=None):
     p.error = lambda m: (print(f"attention_offsets.py: error: {checked.flag_message(m)}", file=sys.stderr),
                          sys.exit(2))
     args = p.parse_args(argv)
-    taken = [Path(f) / "attention.json" for f in args.runs] + ([Path(args.plot)] if args.plot else [])
-    if theirs := [str(f) for f in taken if not checked.owned(f)]:         # before an hour of analysis, not after
-        p.error(f"{theirs[0]} exists and tools/attention_offsets.py did not write it: it is left untouched; move it "
-                "away (or pass another --plot)")
+    if args.plot and Path(args.plot).suffix != ".png":
+        p.error(f"--plot {args.plot}: the figure is a PNG: give a .png name")
+    for f in [Path(f) / "attention.json" for f in args.runs] + ([Path(args.plot)] if args.plot else []):
+        if not checked.owned(f):                                          # before an hour of analysis, not after
+            p.error(f"{f} exists and is not in {f.parent / checked.MANIFEST} (not this tool's, or an older version's): "
+                    f"it is left untouched; {'pass another --plot' if f.suffix == '.png' else 'move it away'}")
     try:
         results = [analyse_run(folder, args.max_examples, args.batch_size) for folder in args.runs]
     except lra_data.DataError as e:                 # the run's data moved or gone: refused, never substituted

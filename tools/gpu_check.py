@@ -9,7 +9,7 @@ parts, in order (PARTS; each part's docstring and docs/gpu.md say more):
   tf32      (a) torch's TF32 state after each --precision choice and inside the kernel guard (ssm.set_tf32)
   kernels   (b) the PathX paper layer's S4 NPLR, S4D, DLR kernels against float64, TF32 allowed and guarded
   main      (c) 20 steps of the main command, its process under torch.cuda.set_sync_debug_mode("warn"): step time,
-                peak memory, host-device syncs per step and where
+                peak memory, host-device syncs (the whole run's, evaluations and checkpoints included) and where
   largest   (d) one training step of the three largest paper presets: peak against the plan's estimate
   attention (e) the paper Transformer's attention at PathX's length under SDPA limited to flash / memory-efficient
   compile   (f) --compile: graphs compiled, frames that fell back to eager, graph breaks
@@ -246,7 +246,7 @@ def main_flags(check, steps_, extra=()):
     return [str(f) for f in flags], max(-(-n_train * 10 // 8), 10 * max_eval, 20)
 
 
-RUN_MAIN = """import collections, json, sys, torch, warnings
+RUN_MAIN = """import collections, json, os, sys, torch, warnings
 import train
 from lab import hardware
 from lab.memory import memory_mib
@@ -257,7 +257,7 @@ if torch.cuda.is_available() and sys.argv[1].startswith("cuda"):
 with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
     res = train.main(sys.argv[3:])
-syncs = collections.Counter(f"{w.filename}:{w.lineno}" for w in seen if "synchroniz" in str(w.message))
+syncs = collections.Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in seen if "synchroniz" in str(w.message))
 peak = {k: memory_mib(sys.argv[1], k) for k in ("peak", "reserved_peak")}
 print("RESULT " + json.dumps(dict(results=res, peak=peak, syncs=dict(syncs.most_common(8)),
                                   n_syncs=sum(syncs.values())), default=str), flush=True)
@@ -290,15 +290,15 @@ def run_main(check, flags, n, backend=None):
 
 def main_part(check):
     """(c) The main command, main_steps SPT and fine-tuning steps, its process under
-    torch.cuda.set_sync_debug_mode("warn"): every host-device synchronisation is counted by its line of code (the
-    loop reads the device once per PROGRESS_STEPS and at evaluations; more than that per step is a stall)."""
+    torch.cuda.set_sync_debug_mode("warn"): every host-device synchronisation of the run (start-up, steps, evaluations,
+    checkpoints, the test) is counted by its line of code, for a reader to set against the loop's one read per
+    PROGRESS_STEPS; no verdict. (f)'s --compile run is counted the same way and not reported."""
     flags, n = main_flags(check, check.scale["main_steps"])
     res, config, records, peak = run_main(check, flags, n)
     spt = [r for r in records if r.get("phase") == "spt"]
     ft = [r for r in records if r.get("phase") == "finetune"]
     return dict(sync_debug_mode="warn, counted" if check.cuda() else "not CUDA: no sync debug mode",
-                syncs=peak["n_syncs"], syncs_per_step=peak["n_syncs"] / max(1, spt[-1]["step"] + ft[-1]["step"]),
-                sync_sites=peak["syncs"],
+                syncs=peak["n_syncs"] if check.cuda() else None, sync_sites=peak["syncs"],
                 precision=config["args"]["precision"], spt_steps=spt[-1]["step"], finetune_steps=ft[-1]["step"],
                 spt_s_per_step=spt[-1]["elapsed_s"] / max(1, spt[-1]["step"]),
                 finetune_s_per_step=ft[-1]["elapsed_s"] / max(1, ft[-1]["step"]),

@@ -82,23 +82,27 @@ def summary_lines(check):
                            f"{r['forward_error']:.1e}", f"{r['grad_error']:.1e}"] for r in parts["kernels"]["rows"]])]
     if main := ok.get("main"):
         lines += ["", "## (c) the main command", "",
-                  f"sync debug mode: {main['sync_debug_mode']} ({main['syncs']} syncs, {main['syncs_per_step']:.2f} a "
-                  f"step; where: {main['sync_sites'] or 'none'}); precision {main['precision']}; SPT {main['spt_steps']} "
+                  f"sync debug mode: {main['sync_debug_mode']}"
+                  + ("" if main["syncs"] is None else f" ({main['syncs']} syncs in the whole run, evaluations and "
+                     f"checkpoints included; where: {main['sync_sites'] or 'none'})")
+                  + f"; precision {main['precision']}; SPT {main['spt_steps']} "
                   f"steps at {1e3 * main['spt_s_per_step']:.0f} ms/step (batch {main['pretrain_batch_size']}), "
                   f"fine-tuning {main['finetune_steps']} at {1e3 * main['finetune_s_per_step']:.0f} ms/step (batch "
                   f"{main['batch_size']}), evaluation included; peak {main['peak_mib']:.0f} MiB"
                   + ("" if main["reserved_mib"] is None else f", reserved {main['reserved_mib']:.0f} MiB")]
     if "largest" in ok:
         lines += ["", "## (d) the largest paper presets, one training step", "",
-                  *table(["model", "task", "phase", "L", "micro-batch × accum", "est. GiB", "peak GiB", "reserved GiB",
-                          "s"], [[r["model"], r["task"], r["phase"], r["L"], f"{r['micro_batch']} × {r['accum_steps']}",
-                                  f"{r['est_gib']:.2f}", f"{r['peak_gib']:.2f}", f"{r['reserved_gib']:.2f}",
-                                  f"{r['seconds']:.1f}"] for r in parts["largest"]["rows"]])]
+                  *table(["model", "task", "phase", "L", "micro-batch × accum", "est. GiB", "peak GiB",
+                          "reserved GiB", "s"],
+                         [[r["model"], r["task"], r["phase"], r["L"], f"{r['micro_batch']} × {r['accum_steps']}",
+                           f"{r['est_gib']:.2f}", f"{r['peak_gib']:.2f}", f"{r['reserved_gib']:.2f}",
+                           f"{r['seconds']:.1f}"] for r in parts["largest"]["rows"]])]
     if att := ok.get("attention"):
-        lines += ["", f"## (e) attention: forward + backward at L {att['L']} (batch {att['batch']}, {att['precision']}) "
-                  f"with SDPA limited to {', '.join(att['backends'])}: {att['seconds']:.2f} s"]
+        lines += ["", f"## (e) attention: forward + backward at L {att['L']} (batch {att['batch']}, "
+                  f"{att['precision']}) with SDPA limited to {', '.join(att['backends'])}: {att['seconds']:.2f} s"]
     if "records" in (comp := parts.get("compile", {})):
-        lines += ["", f"## (f) --compile ({comp['backend']}): fell back to eager: {'yes' if comp['fell_back'] else 'no'}",
+        lines += ["", f"## (f) --compile ({comp['backend']}): fell back to eager: "
+                  f"{'yes' if comp['fell_back'] else 'no'}",
                   "", *(f"- after {r['after']}: {r['graphs']} graphs, {r['frames_compiled']} frames compiled, "
                         f"{r['frames_eager']} eager, graph breaks {sum(r['graph_breaks'].values())}"
                         for r in comp["records"])]
