@@ -22,18 +22,18 @@ PRIMARY = [
     ("C2 position × SPT: (SPT − TFS) sinusoidal − (SPT − TFS) rotary",
      {("transformer", "spt-sin"): 1, ("transformer", "tfs-sin"): -1, ("transformer", "spt-rot"): -1,
       ("transformer", "tfs-rot"): 1}),
-    ("C3 rotary: converged SPT − TFS", {("transformer", "conv-rot"): 1, ("transformer", "tfs-rot"): -1}),
+    ("C3 rotary: SPT to the 15-epoch cap − TFS", {("transformer", "conv-rot"): 1, ("transformer", "tfs-rot"): -1}),
     ("C4 S4 and DLR: SPT − tuned TFS (mean of the two)",
      {("s4", "spt-tuned"): 0.5, ("s4", "tfs-tuned"): -0.5, ("dlr", "spt-tuned"): 0.5, ("dlr", "tfs-tuned"): -0.5}),
 ]
 SECONDARY = [
     ("rotary: SPT − TFS (the control's arms)", {("transformer", "spt-rot"): 1, ("transformer", "tfs-rot"): -1}),
-    ("sinusoidal: converged SPT − TFS", {("transformer", "conv-sin"): 1, ("transformer", "tfs-sin"): -1}),
-    ("rotary: converged SPT − SPT (P = 3)", {("transformer", "conv-rot"): 1, ("transformer", "spt-rot"): -1}),
-    ("sinusoidal: converged SPT − SPT (P = 3)", {("transformer", "conv-sin"): 1, ("transformer", "spt-sin"): -1}),
+    ("sinusoidal: SPT to the 15-epoch cap − TFS", {("transformer", "conv-sin"): 1, ("transformer", "tfs-sin"): -1}),
+    ("rotary: SPT to the 15-epoch cap − SPT (P = 3)", {("transformer", "conv-rot"): 1, ("transformer", "spt-rot"): -1}),
+    ("sinusoidal: SPT to the 15-epoch cap − SPT (P = 3)", {("transformer", "conv-sin"): 1, ("transformer", "spt-sin"): -1}),
     ("S4: SPT − tuned TFS", {("s4", "spt-tuned"): 1, ("s4", "tfs-tuned"): -1}),
     ("DLR: SPT − tuned TFS", {("dlr", "spt-tuned"): 1, ("dlr", "tfs-tuned"): -1}),
-    ("rotary: converged SPT − tuned TFS", {("transformer", "conv-rot"): 1, ("transformer", "tfs-tuned"): -1}),
+    ("rotary: SPT to the 15-epoch cap − tuned TFS", {("transformer", "conv-rot"): 1, ("transformer", "tfs-tuned"): -1}),
     ("rotary: SPT capped at 40 − at 15 epochs", {("transformer", "conv40-rot"): 1, ("transformer", "conv-rot"): -1}),
     ("rotary: SPT capped at 40 epochs − TFS", {("transformer", "conv40-rot"): 1, ("transformer", "tfs-rot"): -1}),
 ]

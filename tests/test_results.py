@@ -431,7 +431,7 @@ def test_the_why_spt_tables_pair_arms_by_seed_and_adjust_the_primary_contrasts(t
     assert cell[:3] == ["3", "0, 1, 2", "65.0 [62.5, 67.5]"] and cell[-2:] == ["AMD EPYC", "0"], cell
     c1, c2, c3 = (rows_of(summary, name)[0] for name in ("C1 sinusoidal: SPT − TFS",
                                                          "C2 position × SPT: (SPT − TFS) sinusoidal − (SPT − TFS) rotary",
-                                                         "C3 rotary: converged SPT − TFS"))
+                                                         "C3 rotary: SPT to the 15-epoch cap − TFS"))
     assert c1[:3] == ["3", "+4.0 / +5.0 / +3.0", "+4.0 [+1.5, +6.5]"], c1     # 4 ± 4.3027 · 1 / √3
     assert c2[:2] == ["3", "+4.0 / +4.0 / +3.0"] and c3[:2] == ["0", "–"], (c2, c3)
     stats = script("stats")
@@ -461,7 +461,7 @@ def test_every_why_spt_contrast_takes_a_seeds_terms_from_one_cpu_model(tmp_path)
             (study / name / "config.json").write_text(json.dumps(config))
     tables = script("why_spt_tables")
     cells = tables.study_cells(study, [r for r in map(script("summarize").read_run, sorted(study.iterdir())) if r])
-    c3 = dict(tables.PRIMARY)["C3 rotary: converged SPT − TFS"]
+    c3 = dict(tables.PRIMARY)["C3 rotary: SPT to the 15-epoch cap − TFS"]
     assert {s: (round(d, 6), c) for s, (d, c) in tables.contrast(cells, c3).items()} == {
         0: (4.0, "AMD EPYC"), 1: (5.0, "AMD EPYC"), 2: (5.0, "Intel Xeon")}
     rotary = dict(tables.SECONDARY)["rotary: SPT − TFS (the control's arms)"]
@@ -469,9 +469,9 @@ def test_every_why_spt_contrast_takes_a_seeds_terms_from_one_cpu_model(tmp_path)
     assert set(tables.contrast(cells, c3, "Intel Xeon")) == {2}, "per CPU model: only that model's pairs"
     script("summarize").main(["--runs", str(study), "--out", str(tmp_path / "out")])
     summary = (tmp_path / "out" / "summary.md").read_text()
-    row = rows_of(summary, "C3 rotary: converged SPT − TFS")[0]
+    row = rows_of(summary, "C3 rotary: SPT to the 15-epoch cap − TFS")[0]
     assert row[:3] == ["3", "+4.0 / +5.0 / +5.0", "+4.7 [+3.2, +6.1]"] and row[-1] == "AMD × 2, Intel × 1", row
-    per_cpu = {r[0]: r[1:] for r in rows_of(summary, "C3 rotary: converged SPT − TFS")[1:]}
+    per_cpu = {r[0]: r[1:] for r in rows_of(summary, "C3 rotary: SPT to the 15-epoch cap − TFS")[1:]}
     assert per_cpu == {"AMD EPYC": ["2", "+4.0 / +5.0", "+4.5 [-1.9, +10.9]"], "Intel Xeon": ["1", "+5.0", "+5.0"]}
     machine = rows_of(summary, "transformer tfs-rot")
     assert ["Intel − AMD", "3", "0, 1, 2", "-10.0 / -9.0 / -8.0", "-9.0 [-11.5, -6.5]"] in machine, machine
@@ -564,3 +564,35 @@ def test_the_spt_length_figure_is_written_whole_and_never_over_a_users_file(tmp_
         tables.plot_length(cells, tmp_path / "mine" / "spt_length.png", plt)
     assert (tmp_path / "mine" / "spt_length.png").read_text() == "the user's"
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def why_spt_numbers(text):
+    """The numbers a write-up prints, as written (− read as -): dates, code spans, parentheses naming a file and
+    names with digits (C3, s4, 2e-3, 65da599) are not numbers of the study."""
+    import re
+    text = re.sub(r"\d{4}-\d{2}-\d{2}|`[^`]*`", " ", text.replace("−", "-"))
+    return [m.group() for m in re.finditer(r"(?<![\w.\-])[+\-]?\d+(?:\.\d+)?(?![\w])", text)]
+
+
+def test_every_number_of_the_why_spt_results_is_in_summary_md_or_a_file_it_cites():
+    import re
+    readme = (RESULTS / "why_spt" / "README.md").read_text()
+    start = readme.index("\n## Results (")
+    section = readme[start:readme.index("\n## ", start + 1)]
+    summary = (RESULTS / "summary.md").read_text()
+    why = summary[summary.index("## Why SPT"):summary.index("\n## ", summary.index("## Why SPT"))]
+    known = {t.lstrip("+-") for t in why_spt_numbers(why + readme[:start] + readme[start + len(section):])}
+    number = re.compile(r":\s*(-?\d+\.\d+(?:e-?\d+)?)")
+    files = [float(v) for f in ("unigram.json", "pilot/choice.json")               # cited by name: any rounding
+             for v in number.findall((RESULTS / "why_spt" / f).read_text())]
+    logs = [float(v) for f in [*(RESULTS / "why_spt").glob("*/log.jsonl"), *(RESULTS / "why_spt").glob("*/*/log.jsonl")]
+            for v in number.findall(f.read_text())]                              # a loss as the log prints it: 4 places
+    missing = []
+    for token in why_spt_numbers(section):
+        digits = len(token.split(".")[1]) if "." in token else 0
+        bare = token.lstrip("+-")
+        if bare in known or any(f"{v * scale:.{digits}f}" == bare for v in files for scale in (1, 100)) \
+                or digits >= 4 and any(f"{v:.{digits}f}" == bare for v in logs):
+            continue
+        missing.append(token)
+    assert not missing, f"numbers of results/why_spt/README.md's Results found nowhere it cites: {missing}"
