@@ -136,8 +136,9 @@ def train_phase(phase, model, run, splits, meta):
     run.record keeps the best checkpoint so far (phase.best_file), last.pt (the state to continue
     from) and the log. With phase.patience K > 0 the phase ends once K evaluations in a row have
     not beaten the best (early stopping). A resumed phase continues exactly as if never stopped.
-    meta: the model's description, saved with each checkpoint. Returns {"metric", "best", "epoch",
-    "val", "steps", "seconds", "last_epoch", "stopped_early"}."""
+    meta: the model's description, saved with each checkpoint. Returns ({"metric", "best", "epoch",
+    "val", "steps", "seconds", "last_epoch", "stopped_early"}, the phase's state: its .test scores
+    the best checkpoint)."""
     t = run.phase(phase, model, splits, meta)   # optimiser, schedule, seeds, precision, DDP, loaders
     since_eval, last, stale = {}, t.epochs_done, 0   # training statistics since the last evaluation
     for epoch in range(t.epochs_done + 1, phase.epochs + 1):
@@ -167,7 +168,7 @@ def train_phase(phase, model, run, splits, meta):
         with run.stage(f"{phase.name} epoch {epoch}/{phase.epochs}, evaluation"):
             run.record(*t.evaluation(epoch, since_eval))   # val; best so far; checkpoints, log
         since_eval = {}
-    return t.summary(last, stale)
+    return t.summary(last, stale), t
 
 
 # ---- the method: pre-train, fine-tune, test ----------------------------------------------------
@@ -186,19 +187,6 @@ def load_pretrained(classifier, run):
     run.record(f"loaded backbone from {path} ({ck['phase']} epoch {ck['epoch']}, "
                f"{ck['best']['name']} {ck['best']['value']:.4f}); new: {', '.join(new)}; "
                f"dropped: {', '.join(dropped)}")
-
-
-def test(classifier, run, splits, phase):
-    """Test accuracy of the best-validation checkpoint (best.pt); its predictions are saved."""
-    with run.stage("the test"):
-        best = checked.read_checkpoint(run.folder / "best.pt", run.device)
-        classifier.load_state_dict(best["model"])
-        predicted = []
-        batches = steps.loader(splits["test"], run.args.batch_size, run.args, run.device)
-        amp = steps.precision(run.args, run.device)[1]
-        result = steps.evaluate(classifier, phase, batches, run.args.seed + 3, amp, predicted)
-        steps.write_predictions(run.folder, splits["test"], predicted)
-    return result
 
 
 def main(argv=None):
@@ -226,16 +214,17 @@ def main(argv=None):
                           args.pretrain_accum_steps, "spt.pt", "loss",
                           *models.batch_functions("spt", args.task, args.objective, flags),
                           args.pretrain_patience)
-            spt = train_phase(phase, build_model(meta).to(run.device), run, splits, meta)
+            spt, _ = train_phase(phase, build_model(meta).to(run.device), run, splits, meta)
         if args.spt:
             seconds["spt"] = spt["seconds"]
         if (args.spt or args.init_from) and not resuming_ft:    # else last.pt holds the whole state
             load_pretrained(classifier, run)
         phase = Phase("finetune", args.epochs, args.lr, args.batch_size, args.accum_steps,
                       "best.pt", "acc", *models.batch_functions("finetune", args.task))
-        ft = train_phase(phase, classifier, run, splits, {**run.meta, "spt": spt})  # phase 2
+        ft, t = train_phase(phase, classifier, run, splits, {**run.meta, "spt": spt})  # phase 2
         seconds["finetune"], t_test = ft["seconds"], time.time()
-        result = test(classifier, run, splits, phase)
+        with run.stage("the test"):     # best.pt on the test split; its predictions saved
+            result = t.test(splits["test"], run.folder)
         seconds["test"] = time.time() - t_test
         spt_text = spt and " | SPT " + " ".join(f"val_{k} {v:.4f}" for k, v in spt["val"].items())
         run.record(f"test | acc {result['acc']:.4f} | loss {result['loss']:.4f} | best val_acc "

@@ -32,6 +32,7 @@ from lab import hardware, runs
 from lab.hardware import precision  # noqa: F401  (steps.precision: where tests and tools look)
 from lab.runs import fail
 from lra_data import clean_batch as collate  # noqa: F401  (steps.collate: its old name)
+from tools import checked
 
 # the progress bar and the non-finite guard read device values once every this many steps
 PROGRESS_STEPS = 25
@@ -186,6 +187,18 @@ class Training:
         if self.step % PROGRESS_STEPS == 0 or self.step >= self.total:
             check_finite(self, self.phase.name)
             self.bar.set_postfix({k: f"{v:.4f}" for k, v in self.phase.metrics(train).items()})
+
+    def test(self, split, folder):
+        """The test: the phase's best checkpoint (folder / phase.best_file) loaded into the model and scored on
+        split as an evaluation is (evaluate, args.batch_size, the same seed); its predictions written to
+        folder / test_predictions.json (write_predictions). -> phase.metrics of the split."""
+        best = checked.read_checkpoint(folder / self.phase.best_file, self.device)
+        self.model.load_state_dict(best["model"])
+        predicted = []
+        batches = loader(split, self.args.batch_size, self.args, self.device)
+        result = evaluate(self.model, self.phase, batches, self.args.seed + 3, self.amp, predicted)
+        write_predictions(folder, split, predicted)
+        return result
 
     def evaluation(self, epoch, since_eval):
         """Evaluate on val; the best so far -> run.record's (line, record, checkpoint: last.pt's dict, the best
