@@ -144,9 +144,8 @@ def training_case(phase, B):
     """(build, forward) of one training step of train.py's model on a random clean batch of full length L, through
     the step's own functions (models.batch_functions: the objective's corruption and loss for spt, the labelled
     batch and the one loss for finetune), so the estimate holds the run's own objective (rtd: its generator
-    too). phase: a Phase (its precision is not read here). Token tasks take the padded path (lengths given, all
-    real: the larger case), pixel tasks are never padded (padded None). Retrieval: two documents per example, so 2·B
-    sequences."""
+    too). phase: a Phase (precision unread). Token tasks take the padded path (lengths given, all real: the larger
+    case), pixel tasks are never padded (padded None). Retrieval: two documents per example, so 2·B sequences."""
     model_name, task, L, flags = phase.model_name, phase.task, phase.L, phase.flags
     spec, cfg = lra_data.TASKS[task], presets.config_for(model_name, task, phase.values)
     objective = phase.objective or next(iter(models.OBJECTIVES))                  # --objective's default, the paper's

@@ -189,9 +189,8 @@ class Training:
             self.bar.set_postfix({k: f"{v:.4f}" for k, v in self.phase.metrics(train).items()})
 
     def test(self, split, folder):
-        """The test: the phase's best checkpoint (folder / phase.best_file) loaded into the model and scored on
-        split as an evaluation is (evaluate, args.batch_size, the same seed); its predictions written to
-        folder / test_predictions.json (write_predictions). -> phase.metrics of the split."""
+        """The best checkpoint (folder / phase.best_file) scored on split as an evaluation is -> phase.metrics;
+        its predictions -> folder / test_predictions.json (write_predictions)."""
         best = checked.read_checkpoint(folder / self.phase.best_file, self.device)
         self.model.load_state_dict(best["model"])
         predicted = []

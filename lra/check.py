@@ -43,8 +43,7 @@ EXPECTED = {
                         {"train": 96_000, "val": 2_000, "test": 2_000}, LRA_LISTOPS,
                         {"train": None, "test": 10_000}, "original ListOps (Nangia & Bowman 2018): nyu-mll/spinn's "
                         "listops-release test_d20s.tsv, 10,000 lines, counted; its train split: " + NO_SOURCE,
-                        f"{DOWNLOAD} DIR, or generate: python lra_data.py --task listops --data-dir DIR "
-                        "--generate 100000"),
+                        f"{DOWNLOAD} DIR, or generate: python lra_data.py --task listops --generate 100000"),
     "text": Expected("aclImdb/{train,test}/{pos,neg}/*.txt or aclImdb*.tar.gz",
                      {"train": 25_000, "test": 25_000}, "LRA uses IMDB's splits as they are: " + LRA_APPENDIX,
                      {"train": 25_000, "test": 25_000}, IMDB,
@@ -59,16 +58,14 @@ EXPECTED = {
     "pathfinder": Expected("pathfinder32/curv_contour_length_14/metadata/*.npy + imgs/",
                            {"all": 200_000}, "160,000 / 20,000 / 20,000 examples: " + LRA_APPENDIX
                            + "; split 80/10/10 at random, seed 42, as state-spaces/s4 src/dataloaders/lra.py",
-                           {}, "", f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathfinder --data-dir DIR "
+                           {}, "", f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathfinder "
                            "--generate 200000"),
     "pathx": Expected("pathfinder128/curv_contour_length_14/metadata/*.npy + imgs/", {"all": None},
                       NO_SOURCE + " (the release's image count for 128 px)", {}, "",
-                      f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathx --data-dir DIR "
-                      "--generate 200000"),
+                      f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathx --generate 200000"),
     "pathx256": Expected("pathfinder256/curv_contour_length_14/metadata/*.npy + imgs/", {"all": None},
                          NO_SOURCE + " (the release's image count for 256 px)", {}, "",
-                         f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathx256 --data-dir DIR "
-                         "--generate 200000"),
+                         f"{DOWNLOAD} DIR, or generate: python lra_data.py --task pathx256 --generate 200000"),
 }
 SIDE = {"pathfinder": 32, "pathx": 128, "pathx256": 256}
 
@@ -182,14 +179,13 @@ def misplaced(data_dir, names, depth=4):
 
 
 def advice(report):
-    """What to do to get the task's files into the folder checked: download into it; generate into it where
-    nothing was found there, else into an empty folder (generated files never replace release files); --difficulty
-    as checked."""
-    get = EXPECTED[report.task].get.replace("--data-dir DIR", "--data-dir " + (
-        "DIR" if report.found is None else "<empty folder>"))
-    if report.task in SIDE and report.difficulty != "hard":
-        get = get.replace(" --generate", f" --difficulty {report.difficulty} --generate")
-    return get.replace("DIR", shlex.quote(str(report.data_dir)))
+    """What to do: download into the folder checked; generate into it if nothing was found there, else into an
+    empty folder (generated files never replace release files), at the difficulty checked."""
+    here = shlex.quote(str(report.data_dir))
+    into = here if report.found is None else "<empty folder>"
+    level = "" if report.task not in SIDE or report.difficulty == "hard" else f" --difficulty {report.difficulty}"
+    get = EXPECTED[report.task].get.replace(" --generate", f" --data-dir {into}{level} --generate")
+    return get.replace("DIR", here)
 
 
 def compare(report, expected):

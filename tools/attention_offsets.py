@@ -193,7 +193,8 @@ def plot(results, path, labels=None):
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.16, 1, 1))
     try:                                                      # whole, over a figure of its own only
-        checked.write_owned(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110), "tools/attention_offsets.py")
+        checked.write_owned(path, lambda tmp: fig.savefig(tmp, format=Path(path).suffix[1:] or "png", dpi=110),
+                            "tools/attention_offsets.py")
     finally:
         plt.close(fig)
 
@@ -203,12 +204,10 @@ def main(argv=None):
     p.add_argument("runs", nargs="+", help="run folders holding best.pt (and spt.pt after SPT)")
     p.add_argument("--max-examples", type=checked.at_least(0), default=0, help="validation examples to read (0: all)")
     p.add_argument("--batch-size", type=checked.at_least(1), default=16, help="validation examples a batch")
-    p.add_argument("--plot", default=None, help="a .png of all the runs' profiles")
+    p.add_argument("--plot", default=None, help="a figure of all the runs' profiles (.png, .pdf, .svg: its suffix)")
     p.error = lambda m: (print(f"attention_offsets.py: error: {checked.flag_message(m)}", file=sys.stderr),
                          sys.exit(2))
     args = p.parse_args(argv)
-    if args.plot and Path(args.plot).suffix != ".png":
-        p.error(f"--plot {args.plot}: the figure is a PNG: give a .png name")
     for f in [Path(f) / "attention.json" for f in args.runs] + ([Path(args.plot)] if args.plot else []):
         if not checked.owned(f):                                          # before an hour of analysis, not after
             p.error(f"{f} exists and is not in {f.parent / checked.MANIFEST} (not this tool's, or an older version's): "

@@ -92,17 +92,15 @@ def summary_lines(check):
                   + ("" if main["reserved_mib"] is None else f", reserved {main['reserved_mib']:.0f} MiB")]
     if "largest" in ok:
         lines += ["", "## (d) the largest paper presets, one training step", "",
-                  *table(["model", "task", "phase", "L", "micro-batch × accum", "est. GiB", "peak GiB",
-                          "reserved GiB", "s"],
-                         [[r["model"], r["task"], r["phase"], r["L"], f"{r['micro_batch']} × {r['accum_steps']}",
-                           f"{r['est_gib']:.2f}", f"{r['peak_gib']:.2f}", f"{r['reserved_gib']:.2f}",
-                           f"{r['seconds']:.1f}"] for r in parts["largest"]["rows"]])]
+                  *table(["model", "task", "phase", "L", "micro-batch × accum", "est. GiB", "peak GiB", "reserved GiB",
+                          "s"], [[r["model"], r["task"], r["phase"], r["L"], f"{r['micro_batch']} × {r['accum_steps']}",
+                                  f"{r['est_gib']:.2f}", f"{r['peak_gib']:.2f}", f"{r['reserved_gib']:.2f}",
+                                  f"{r['seconds']:.1f}"] for r in parts["largest"]["rows"]])]
     if att := ok.get("attention"):
-        lines += ["", f"## (e) attention: forward + backward at L {att['L']} (batch {att['batch']}, "
-                  f"{att['precision']}) with SDPA limited to {', '.join(att['backends'])}: {att['seconds']:.2f} s"]
+        lines += ["", f"## (e) attention: forward + backward at L {att['L']} (batch {att['batch']}, {att['precision']}) "
+                  f"with SDPA limited to {', '.join(att['backends'])}: {att['seconds']:.2f} s"]
     if "records" in (comp := parts.get("compile", {})):
-        lines += ["", f"## (f) --compile ({comp['backend']}): fell back to eager: "
-                  f"{'yes' if comp['fell_back'] else 'no'}",
+        lines += ["", f"## (f) --compile ({comp['backend']}): fell back to eager: {'yes' if comp['fell_back'] else 'no'}",
                   "", *(f"- after {r['after']}: {r['graphs']} graphs, {r['frames_compiled']} frames compiled, "
                         f"{r['frames_eager']} eager, graph breaks {sum(r['graph_breaks'].values())}"
                         for r in comp["records"])]
