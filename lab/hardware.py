@@ -9,9 +9,7 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -19,6 +17,7 @@ import torch.distributed as dist
 import lra_data
 from lab.runs import fail
 from ssm import set_tf32
+from tools import checked
 
 
 # ---- --device, --deterministic, --workers, DDP -------------------------------------------------
@@ -44,14 +43,8 @@ def setup_device(args):
     if args.workers is None:                        # CUDA: loader processes keep the GPU fed
         args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
     # known now, not after the data was prepared: try writing where the run folder will be made
-    if not args.resume and int(os.environ.get("RANK", 0)) == 0:
-        probe = Path(args.out).resolve()
-        while not probe.exists():
-            probe = probe.parent
-        try:
-            tempfile.TemporaryFile(dir=probe).close()
-        except OSError as e:
-            fail(f"--out {args.out}: cannot write there ({e.strerror}); pass a writable folder")
+    if not args.resume and int(os.environ.get("RANK", 0)) == 0 and (why := checked.unwritable(args.out)):
+        fail(f"--out {args.out}: cannot write there ({why}); pass a writable folder")
     return device, world
 
 

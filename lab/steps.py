@@ -191,8 +191,7 @@ class Training:
     def test(self, split, folder):
         """The best checkpoint (folder / phase.best_file) scored on split as an evaluation is -> phase.metrics;
         its predictions -> folder / test_predictions.json (write_predictions)."""
-        best = checked.read_checkpoint(folder / self.phase.best_file, self.device)
-        self.model.load_state_dict(best["model"])
+        self.model.load_state_dict(checked.read_checkpoint(folder / self.phase.best_file, self.device)["model"])
         predicted = []
         batches = loader(split, self.args.batch_size, self.args, self.device)
         result = evaluate(self.model, self.phase, batches, self.args.seed + 3, self.amp, predicted)

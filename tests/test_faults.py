@@ -681,6 +681,7 @@ def test_summarize_deletes_and_overwrites_only_its_own_files_in_out(tiny_study, 
     ("tools/bench.py", ["--out", "{tmp}/b.md"], "pass a .json name"),
     ("tools/bench.py", ["--out", "{tmp}/mine.json"], "mine.json exists and tools/bench.py did not write it"),
     ("tools/bench.py", ["--out", "{tmp}/mine"], "mine.md exists and tools/bench.py did not write it"),
+    ("tools/bench.py", ["--out", "/proc/bench/b.json"], "--out /proc/bench/b.json: cannot write there"),
     ("lab/presets.py", ["--out", "{tmp}/mine.json"], "exists and lab/presets.py did not write it"),
 ])
 def test_a_tool_refuses_to_overwrite_a_file_it_did_not_write_and_formats_never_share_a_path(script, argv, says,

@@ -35,7 +35,6 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # the repo: python tools/bench.py from anywhere
@@ -119,7 +118,8 @@ def check_args(args):
     if path.exists() and path.is_dir() != is_folder:
         fail(f"{flag} {path} is a {'file' if is_folder else 'folder'}: pass a "
              f"{'folder' if is_folder else 'file name, e.g. runs/bench.json'}")
-    writable_or_fail(flag, path if is_folder else path.parent)
+    if why := checked.unwritable(path if is_folder else path.parent):
+        fail(f"{flag} {path}: cannot write there ({why}); pass a writable place")
     if is_folder:
         from tools.gpu_check import OUTPUTS
         mine = [path / name for name in OUTPUTS]
@@ -132,19 +132,6 @@ def check_args(args):
         if not checked.owned(file):
             fail(f"{flag} {path}: {file} exists and tools/bench.py did not write it (it is not in "
                  f"{file.parent / checked.MANIFEST}); it is left untouched: move it away or pass another {flag}")
-
-
-def writable_or_fail(name, folder):
-    """Try writing where `folder` is (or would be made); one line naming the flag if that fails."""
-    probe = Path(folder).resolve()
-    while not probe.exists():
-        probe = probe.parent
-    try:
-        if not probe.is_dir():
-            raise NotADirectoryError(f"{probe} is a file")
-        tempfile.TemporaryFile(dir=probe).close()
-    except OSError as e:
-        fail(f"{name} {folder}: cannot write there ({e.strerror or e}); pass a writable place")
 
 
 def report(res, args):
