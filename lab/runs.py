@@ -50,11 +50,14 @@ def cannot_write(path, error):
 
 
 def write_whole(path, write):
-    """checked.write_whole (a temporary file, then a rename: a kill or a full disk mid-write leaves the old file and
-    no temporary), with a failed write (OSError: no space, quota, read-only) -> cannot_write's one line."""
+    """write(tmp) fills a temporary file next to `path`, then it replaces path: a kill or a full disk mid-write leaves
+    the old file intact and no temporary behind. OSError (no space, quota, read-only) -> cannot_write."""
+    tmp = path.with_name(path.name + ".tmp")
     try:
-        checked.write_whole(path, write)
+        write(tmp)
+        os.replace(tmp, path)
     except BaseException as e:                      # also Ctrl-C halfway through torch.save
+        tmp.unlink(missing_ok=True)
         causes = [e, e.__cause__, e.__context__]    # torch's zip writer raises its own error on ours
         if cause := next((c for c in causes if isinstance(c, OSError)), None):
             cannot_write(path, cause)

@@ -200,9 +200,7 @@ def unwritable(folder):
     while not probe.exists():
         probe = probe.parent
     try:
-        if not probe.is_dir():
-            raise NotADirectoryError(f"{probe} is a file")
-        tempfile.TemporaryFile(dir=probe).close()
+        tempfile.TemporaryFile(dir=probe).close()                # a file there: NotADirectoryError
     except OSError as e:
         return e.strerror or str(e)
 

@@ -289,10 +289,9 @@ def run_main(check, flags, n, backend=None):
 
 
 def main_part(check):
-    """(c) The main command, main_steps SPT and fine-tuning steps, its process under
-    torch.cuda.set_sync_debug_mode("warn"): every host-device synchronisation of the run (start-up, steps, evaluations,
-    checkpoints, the test) is counted by its line of code, for a reader to set against the loop's one read per
-    PROGRESS_STEPS; no verdict. (f)'s --compile run is counted the same way and not reported."""
+    """(c) The main command, main_steps SPT and fine-tuning steps, its process under set_sync_debug_mode("warn"):
+    every host-device sync of the run (steps, evaluations, checkpoints, the test) counted by its line of code, to set
+    against the loop's one read per PROGRESS_STEPS; no verdict ((f)'s --compile run: counted, not reported)."""
     flags, n = main_flags(check, check.scale["main_steps"])
     res, config, records, peak = run_main(check, flags, n)
     spt = [r for r in records if r.get("phase") == "spt"]
