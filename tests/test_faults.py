@@ -484,10 +484,8 @@ def numeric_flags(parser):
 def commands():
     """Every command of the repo: each file (tests aside) with a `__main__` block whose command line is argparse's."""
     found = []
-    for path in sorted(REPO.rglob("*.py")):
-        rel = path.relative_to(REPO).as_posix()
-        if rel.startswith(("tests/", ".")) or "/." in rel:
-            continue
+    for path in sorted(p for where in ("", "lab/", "lra/", "tools/", "results/") for p in REPO.glob(f"{where}*.py")):
+        rel = path.relative_to(REPO).as_posix()                     # the repo's own code: not a venv inside it
         text = path.read_text(encoding="utf-8")
         if 'if __name__ == "__main__":' in text and "ArgumentParser" in text:
             found.append(rel)
@@ -1064,10 +1062,8 @@ def test_every_command_writes_its_files_whole_and_over_its_own_only_or_says_why_
     import re
     raw = re.compile(r'write_text\(|write_bytes\(|open\([^)]*"(?:w|wb|a)"|savefig\(|torch\.save\(|np\.save\(')
     found = {}
-    for path in sorted(REPO.rglob("*.py")):
-        rel = path.relative_to(REPO).as_posix()
-        if rel.startswith(("tests/", ".")) or "/." in rel:
-            continue
+    for path in sorted(p for where in ("", "lab/", "lra/", "tools/", "results/") for p in REPO.glob(f"{where}*.py")):
+        rel = path.relative_to(REPO).as_posix()                     # the repo's own code: not a venv inside it
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if raw.search(line) and "tmp" not in line:            # inside write_whole's writer: the temporary file
                 found.setdefault(rel, []).append(f"{number}: {line.strip()}")
