@@ -217,6 +217,27 @@ def length_rows(cells):
     return rows
 
 
+def escape_rows(cells, folder):
+    """Sinusoidal SPT to the 15-epoch cap, per seed (its seed's tfs-sin on the same CPU model): the SPT validation
+    loss (nats) at epochs 3 and 15, the first epoch below PLATEAU_EXIT (it leaves the plateau), each layer's mean
+    attention distance after SPT (mean over heads) and the test accuracy % of conv-sin and tfs-sin."""
+    import why_spt
+    rows, terms = [], {("transformer", "conv-sin"): 1, ("transformer", "tfs-sin"): -1}
+    for seed in sorted(cells.get(("transformer", "conv-sin"), {})):
+        cpu = pairing_cpu(cells, terms, seed)
+        if cpu is None:
+            continue
+        run, tfs = (cells[t][seed][cpu] for t in terms)
+        losses = [json.loads(line)["val_loss"] for line in (folder / run["name"] / "log.jsonl").read_text().splitlines()
+                  if line.strip() and json.loads(line).get("phase") == "spt"]
+        left = next((str(e) for e, v in enumerate(losses, 1) if v < why_spt.PLATEAU_EXIT), "–")
+        layers = run["attention"]["checkpoints"]["spt.pt"]["layers"] if run["attention"] else []
+        distance = " / ".join(f"{statistics.fmean(layer['mean_distance']):.1f}" for layer in layers) or "–"
+        rows.append(f"| {seed} | {cpu} | {losses[2]:.4f} / {losses[-1]:.4f} | {left} | {distance} | "
+                    f"{100 * run['test']:.1f} | {100 * tfs['test']:.1f} |")
+    return rows
+
+
 def plot_length(cells, path, plt):
     """spt_length.png: test accuracy against the SPT epochs run, a line per seed (tfs-rot at 0, spt-rot, conv-rot,
     conv40-rot at its stop)."""
@@ -233,7 +254,7 @@ def plot_length(cells, path, plt):
 def section(folder, runs, stats):
     """The study's part of summary.md: n per cell, the primary contrasts (Holm), the secondary ones, attention."""
     cells = study_cells(folder, runs)
-    lines = [f"## Why SPT gives our Transformer nothing (`{folder.name}/`)", "",
+    lines = [f"## Why SPT: position code, SPT length, a tuned baseline (`{folder.name}/`)", "",
              "The plan and its four primary contrasts: `why_spt/README.md` (fixed before any run). Test accuracy %, "
              "mean [95 % t interval over seeds]; n = seeds. Each contrast pairs the runs of a seed, all its terms "
              "from one CPU model (where two hold them all, the one where most of the seed's runs ran).", "",
@@ -279,6 +300,13 @@ def section(folder, runs, stats):
         lines += ["", "SPT length (rotary, per seed): test accuracy % (SPT epochs run) from scratch, after 3 and 15 SPT "
                   "epochs, and capped at 40 (K = 3):", "", "| seed | CPU | tfs-rot | spt-rot | conv-rot | conv40-rot |",
                   "|---|---|---|---|---|---|"] + length
+    escape = escape_rows(cells, folder)
+    if escape:
+        lines += ["", "Sinusoidal SPT to the 15-epoch cap, per seed: SPT validation loss (nats) at epochs 3 and 15, "
+                  "the first epoch below 3.0 (it leaves the plateau), mean attention distance per layer after SPT, and "
+                  "test accuracy % against the seed's TFS:", "", "| seed | CPU | SPT val loss, epoch 3 / 15 | left at "
+                  "epoch | distance after SPT, layer 1 / 2 | conv-sin | tfs-sin |", "|---|---|---|---|---|---|---|"]
+        lines += escape
     attention = attention_rows(cells)
     if attention:
         n_layers = attention[0].count("uniform")
