@@ -77,9 +77,9 @@ class LRADataset(torch.utils.data.Dataset):
     def arrays(self):
         if self._arrays is None:
             if TASKS[self.task].kind == "pixels":
-                # x: (N, L) uint8, only its header is used; _arrays: file, where row 0 starts, L
+                # x: (N, L) uint8, only its header is used; _arrays: the file, where row 0 starts, L
                 x = np.load(self.store / f"{self.part}.x.npy", mmap_mode="r")
-                self._arrays = open(x.filename, "rb"), x.offset, x.shape[1]
+                self._arrays = x.filename, x.offset, x.shape[1]
             else:
                 tok = self.store / f"{self.part}.tok"
                 ids = (np.memmap(tok, np.uint16, mode="r") if tok.stat().st_size
@@ -97,9 +97,10 @@ class LRADataset(torch.utils.data.Dataset):
         j, y = int(self.index[i]), int(self.labels[i])
         if TASKS[self.task].kind == "pixels":
             # a plain read of one row: a memmap keeps every page touched resident (PathX: 3.3 GB)
-            f, start, L = self.arrays()
-            f.seek(start + j * L)
-            return torch.frombuffer(bytearray(f.read(L)), dtype=torch.uint8), y  # (L,) uint8
+            path, start, L = self.arrays()
+            with open(path, "rb") as f:  # opened per row: no file left open when the dataset goes
+                f.seek(start + j * L)
+                return torch.frombuffer(bytearray(f.read(L)), dtype=torch.uint8), y  # (L,) uint8
         ids, off = self.arrays()
         docs = [ids[off[d]: off[d + 1]]
                 for d in ((2 * j, 2 * j + 1) if TASKS[self.task].pair else (j,))]

@@ -69,6 +69,7 @@ def test_the_tiny_check_measures_every_part_in_90_s_without_git_and_writes_only_
     assert kernels == {(k, L, g) for k in ("s4-nplr", "s4-diag", "dlr") for L in (64, 256) for g in (False, True)}
     assert all(r["forward_error"] < 1e-3 and r["grad_error"] < 1e-2 for r in parts["kernels"]["rows"] if r["guarded"])
     assert parts["main"]["spt_steps"] == 2 and parts["main"]["finetune_steps"] == 2, parts["main"]
+    assert all(": " in w for w in parts["main"]["other_warnings"]), parts["main"]  # "Category: message" -> count
     assert [(r["model"], r["task"], r["phase"]) for r in parts["largest"]["rows"]] == gpu_check.largest_presets()
     assert all(r["est_gib"] > 0 and r["peak_gib"] > 0 for r in parts["largest"]["rows"])
     assert parts["compile"]["fell_back"] is False and len(parts["compile"]["records"]) == 2, parts["compile"]

@@ -257,10 +257,13 @@ if torch.cuda.is_available() and sys.argv[1].startswith("cuda"):
 with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
     res = train.main(sys.argv[3:])
-syncs = collections.Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in seen if "synchroniz" in str(w.message))
+sync = [w for w in seen if "synchroniz" in str(w.message)]
+syncs = collections.Counter(f"{os.path.relpath(w.filename)}:{w.lineno}" for w in sync)
+others = collections.Counter(f"{w.category.__name__}: {str(w.message)[:160]}" for w in seen  # shown, not lost
+                             if "synchroniz" not in str(w.message))
 peak = {k: memory_mib(sys.argv[1], k) for k in ("peak", "reserved_peak")}
-print("RESULT " + json.dumps(dict(results=res, peak=peak, syncs=dict(syncs.most_common(8)),
-                                  n_syncs=sum(syncs.values())), default=str), flush=True)
+print("RESULT " + json.dumps(dict(results=res, peak=peak, syncs=dict(syncs.most_common(8)), n_syncs=len(sync),
+                                  warnings=dict(others.most_common(8))), default=str), flush=True)
 """
 
 
@@ -280,7 +283,7 @@ def run_main(check, flags, n, backend=None):
     if child.returncode or not found:
         raise SystemExit((err.strip().splitlines() or [f"train.py exited {child.returncode}"])[-1])
     done = json.loads(found[-1])
-    res, peak = done["results"], dict(done["peak"], syncs=done["syncs"], n_syncs=done["n_syncs"])
+    res, peak = done["results"], dict(done["peak"], **{k: done[k] for k in ("syncs", "n_syncs", "warnings")})
     run_dir = Path(res["run_dir"])
     for name in ("spt.pt", "best.pt", "last.pt"):                   # the run's own checkpoints: this run made them
         (run_dir / name).unlink(missing_ok=True)
@@ -291,13 +294,15 @@ def run_main(check, flags, n, backend=None):
 def main_part(check):
     """(c) The main command, main_steps SPT and fine-tuning steps, its process under set_sync_debug_mode("warn"):
     every host-device sync of the run (steps, evaluations, checkpoints, the test) counted by its line of code, to set
-    against the loop's one read per PROGRESS_STEPS; no verdict ((f)'s --compile run: counted, not reported)."""
+    against the loop's one read per PROGRESS_STEPS, and every other warning the run raised (its first 8 kinds); no
+    verdict ((f)'s --compile run: counted, not reported)."""
     flags, n = main_flags(check, check.scale["main_steps"])
     res, config, records, peak = run_main(check, flags, n)
     spt = [r for r in records if r.get("phase") == "spt"]
     ft = [r for r in records if r.get("phase") == "finetune"]
     return dict(sync_debug_mode="warn, counted" if check.cuda() else "not CUDA: no sync debug mode",
                 syncs=peak["n_syncs"] if check.cuda() else None, sync_sites=peak["syncs"],
+                other_warnings=peak["warnings"],
                 precision=config["args"]["precision"], spt_steps=spt[-1]["step"], finetune_steps=ft[-1]["step"],
                 spt_s_per_step=spt[-1]["elapsed_s"] / max(1, spt[-1]["step"]),
                 finetune_s_per_step=ft[-1]["elapsed_s"] / max(1, ft[-1]["step"]),

@@ -89,7 +89,8 @@ def summary_lines(check):
                   f"steps at {1e3 * main['spt_s_per_step']:.0f} ms/step (batch {main['pretrain_batch_size']}), "
                   f"fine-tuning {main['finetune_steps']} at {1e3 * main['finetune_s_per_step']:.0f} ms/step (batch "
                   f"{main['batch_size']}), evaluation included; peak {main['peak_mib']:.0f} MiB"
-                  + ("" if main["reserved_mib"] is None else f", reserved {main['reserved_mib']:.0f} MiB")]
+                  + ("" if main["reserved_mib"] is None else f", reserved {main['reserved_mib']:.0f} MiB")
+                  + f"; other warnings: {main.get('other_warnings') or 'none'}"]
     if "largest" in ok:
         lines += ["", "## (d) the largest paper presets, one training step", "",
                   *table(["model", "task", "phase", "L", "micro-batch × accum", "est. GiB", "peak GiB", "reserved GiB",
