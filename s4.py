@@ -229,10 +229,8 @@ class S4Kernel(nn.Module):
         else:   # bilinear: (I − Δ/2·A) x_k = (I + Δ/2·A) x_{k−1} + ΔB u_k, O(N) by Sherman–Morrison
             h = dt[:, None] / 2                                             # (H, 1)
             v = x + h * (Lambda * x - P * full_dot(P, x)) + 2 * h * B * u[..., None]  # (B, H, N/2)
-            # (H, N/2); I − Δ/2·A = d + Δ/2·PP*
-            d = 1 - h * Lambda
-            # (B, H, N/2)
-            x = v / d - P / d * h * full_dot(P, v / d) / (1 + h * full_dot(P, P / d))
+            d = 1 - h * Lambda                                  # (H, N/2): I − Δ/2·A = diag(d) + Δ/2·PP*
+            x = v / d - P / d * h * full_dot(P, v / d) / (1 + h * full_dot(P, P / d))  # (B, H, N/2)
         return 2 * (C * x).sum(-1).real, x                                  # (B, H), (B, H, N/2)
 
 
