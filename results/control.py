@@ -78,17 +78,25 @@ def set_aside(folder):
     return aside
 
 
+def try_lock(f):
+    """Take the lock of the open lock file f (checked.open_lock) until f is closed, as train.py does (runs.hold_lock):
+    False where another process holds it. True without fcntl (Windows: no locks)."""
+    if fcntl is None:
+        return True
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
 def in_use(folder):
     """Whether a train.py holds the run folder's lock (runs.hold_lock): a run that another driver on the same --out
     has started and is running, which this one must neither delete nor resume. False without fcntl (Windows)."""
-    if fcntl is None or not (folder / ".lock").is_file():
+    if not (folder / ".lock").is_file():
         return False
     with checked.open_lock(folder / ".lock") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)    # free: closing the file releases it at once
-        except BlockingIOError:
-            return True
-    return False
+        return not try_lock(f)                              # free: closing the file releases it at once
 
 
 def command(model, seed, flags, args):

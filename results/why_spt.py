@@ -215,18 +215,22 @@ def run_one(cmd, folder, log, nice):
 
 def finish(out, nice, keep=True):
     """Finished runs: a Transformer's best.pt and spt.pt stay (keep: study seeds; not the pilots'), with their
-    attention.json; every other checkpoint goes."""
+    attention.json; every other checkpoint goes. A folder another process holds locked (another driver's finish on
+    the same --out, a train.py) is left to it: one attention pass per run, no checkpoint deleted under a reader."""
     for folder in sorted(Path(out).glob("*")):
         if not (folder / "results.json").is_file():
             continue
-        transformer = keep and json.loads((folder / "config.json").read_text())["model_name"] == "transformer"
-        for ck in folder.glob("*.pt"):
-            if not (transformer and ck.name in ("best.pt", "spt.pt")):
-                ck.unlink()
-        if transformer and (folder / "best.pt").is_file() and not (folder / "attention.json").is_file():
-            subprocess.run([sys.executable, "tools/attention_offsets.py", str(folder)], cwd=REPO, check=True,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(nice),
-                           stdout=subprocess.DEVNULL)
+        with checked.open_lock(folder / ".lock") as lock:
+            if not control.try_lock(lock):                  # held until the with block closes the file
+                continue
+            transformer = keep and json.loads((folder / "config.json").read_text())["model_name"] == "transformer"
+            for ck in folder.glob("*.pt"):
+                if not (transformer and ck.name in ("best.pt", "spt.pt")):
+                    ck.unlink()
+            if transformer and (folder / "best.pt").is_file() and not (folder / "attention.json").is_file():
+                subprocess.run([sys.executable, "tools/attention_offsets.py", str(folder)], cwd=REPO, check=True,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=lambda: os.nice(nice),
+                               stdout=subprocess.DEVNULL)
 
 
 def arm_of(config, finetune, choice):

@@ -412,6 +412,24 @@ def test_the_why_spt_driver_runs_a_miniature_cell_b_keeping_the_transformers_che
     assert why.main(argv) == 0 and sorted((tmp_path / "why").glob("listops-*")) == runs, "a second call reruns nothing"
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX file locks (fcntl)")
+def test_the_why_spt_finish_pass_leaves_a_run_folder_another_process_holds_locked(tmp_path):
+    """Two drivers on one --out: the second's finish pass neither deletes the checkpoints nor starts a second
+    attention pass of a run the first one (or a train.py) holds locked; a free folder it finishes."""
+    import fcntl
+    why, study = script("why_spt"), tmp_path / "why_spt"
+    for name in ("held", "free"):
+        fake_run(study, name, 0.6)
+        (study / name / "last.pt").write_bytes(b"a checkpoint")
+    with open(study / "held" / ".lock", "a") as f:                     # another open file: flock treats it apart
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        why.finish(study, 19)
+        assert (study / "held" / "last.pt").is_file(), "a checkpoint deleted under the process that holds the run"
+    assert not (study / "free" / "last.pt").exists(), "a free finished run keeps a checkpoint the study does not"
+    why.finish(study, 19)
+    assert not (study / "held" / "last.pt").exists(), "released, the run is finished"
+
+
 def test_the_why_spt_tables_pair_arms_by_seed_and_adjust_the_primary_contrasts(tmp_path):
     why, study = script("why_spt"), tmp_path / "why_spt"
     args = type("Args", (), dict(setting=["--preset", "tiny"], data_dir="d", cache_dir="c", out=study))
