@@ -97,7 +97,8 @@ def test_every_expected_size_has_a_source_or_says_none_was_found():
 
 def test_the_original_listops_test_size_is_what_the_shared_file_holds(shared_data):
     path = shared_file(shared_data, "listops/nyu_listops_original/test_d20s.tsv")
-    assert sum(1 for line in open(path) if line.strip()) == check.EXPECTED["listops"].original["test"]
+    lines = Path(path).read_text().splitlines()
+    assert sum(1 for line in lines if line.strip()) == check.EXPECTED["listops"].original["test"]
 
 
 def test_the_shared_imdb_archive_is_complete(shared_data):
