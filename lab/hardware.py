@@ -9,7 +9,9 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -17,10 +19,21 @@ import torch.distributed as dist
 import lra_data
 from lab.runs import fail
 from ssm import set_tf32
-from tools import checked
 
 
 # ---- --device, --deterministic, --workers, DDP -------------------------------------------------
+
+def unwritable(folder):
+    """Why nothing can be written where `folder` is or would be made (its nearest existing parent; a temporary file
+    is tried there: permissions, read-only mounts), or None."""
+    probe = Path(folder).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    try:
+        tempfile.TemporaryFile(dir=probe).close()                # a file there: NotADirectoryError
+    except OSError as e:
+        return e.strerror or str(e)
+
 
 def setup_device(args):
     """-> (device, world size): checks --device and that --out can be written (making --out itself); settles
@@ -43,7 +56,7 @@ def setup_device(args):
     if args.workers is None:                        # CUDA: loader processes keep the GPU fed
         args.workers = min(8, (os.cpu_count() or 1) // world) if device.type == "cuda" else 0
     # known now, not after the data was prepared: try writing where the run folder will be made
-    if not args.resume and int(os.environ.get("RANK", 0)) == 0 and (why := checked.unwritable(args.out)):
+    if not args.resume and int(os.environ.get("RANK", 0)) == 0 and (why := unwritable(args.out)):
         fail(f"--out {args.out}: cannot write there ({why}); pass a writable folder")
     return device, world
 

@@ -40,7 +40,7 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))    # the repo: python tools/bench.py from anywhere
 import lra_data  # noqa: E402
 from lab import memory  # noqa: E402
-from lab.hardware import check_device  # noqa: E402
+from lab.hardware import check_device, unwritable  # noqa: E402
 from lab.memory import device_type  # noqa: E402
 from tools import checked, speed  # noqa: E402
 from tools.checked import at_least, in_range  # noqa: E402  (train.py's flag types)
@@ -118,7 +118,7 @@ def check_args(args):
     if path.exists() and path.is_dir() != is_folder:
         fail(f"{flag} {path} is a {'file' if is_folder else 'folder'}: pass a "
              f"{'folder' if is_folder else 'file name, e.g. runs/bench.json'}")
-    if why := checked.unwritable(path if is_folder else path.parent):
+    if why := unwritable(path if is_folder else path.parent):
         fail(f"{flag} {path}: cannot write there ({why}); pass a writable place")
     if is_folder:
         from tools.gpu_check import OUTPUTS

@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 SEED_MAX = 2**62    # seeds derived from --seed (seed + 4, seed + 1000·rank + epoch) stay far below torch's 2**64
@@ -191,18 +190,6 @@ def write_owned(path, write, tool):
     write_whole(path, write)
     record(path.parent, path.name, tool)
     return path
-
-
-def unwritable(folder):
-    """Why nothing can be written where `folder` is or would be made (its nearest existing parent; a temporary file
-    is tried there: permissions, read-only mounts), or None."""
-    probe = Path(folder).resolve()
-    while not probe.exists():
-        probe = probe.parent
-    try:
-        tempfile.TemporaryFile(dir=probe).close()                # a file there: NotADirectoryError
-    except OSError as e:
-        return e.strerror or str(e)
 
 
 def write_whole(path, write):
